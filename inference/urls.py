@@ -1,7 +1,12 @@
 from django.urls import path
 
 from . import views
+from .api import views as api_views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("v1/models", views.ModelListApi.as_view(), name="models"),
+    path("v1/models/<path:model_id>", views.ModelDetailApi.as_view(), name="model-detail"),
+    path("v1/chat/completions", api_views.chat_completions, name="chat-completions"),
+    path("v1/completions", api_views.completions, name="completions"),
 ]

@@ -1,5 +1,48 @@
+"""Small HTTP views: health check and the model list (OpenAI `GET /v1/models`)."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import DatabaseError, connection
 from django.http import JsonResponse
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from inference.errors import NotFound
+from inference.models import ServedModel
+from inference.selectors import served_model_get_for_tier, served_model_list_for_tier
+
+logger = logging.getLogger(__name__)
 
 
 def healthz(request):
+    """For load balancers: 200 when the process is up and the database answers, else 503."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except DatabaseError:
+        logger.exception("health check: database unavailable")
+        return JsonResponse({"status": "error", "database": "unavailable"}, status=503)
     return JsonResponse({"status": "ok"})
+
+
+def model_payload(model: ServedModel) -> dict:
+    return {"id": model.name, "object": "model", "created": model.created_unix, "owned_by": model.owned_by}
+
+
+class ModelListApi(APIView):
+    """The enabled models the caller's tier may use."""
+
+    def get(self, request):
+        models = served_model_list_for_tier(tier=request.auth.tier)
+        return Response({"object": "list", "data": [model_payload(model) for model in models]})
+
+
+class ModelDetailApi(APIView):
+    def get(self, request, model_id: str):
+        model = served_model_get_for_tier(tier=request.auth.tier, name=model_id)
+        if model is None:
+            raise NotFound(f"The model {model_id!r} does not exist or you do not have access to it.", param="model")
+        return Response(model_payload(model))

@@ -90,7 +90,6 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {})
     DATABASES["default"]["OPTIONS"].update({"timeout": 30})
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test_db.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # ---------------------------------------------------------------- redis / channels / queue
@@ -121,6 +120,16 @@ ENGINE_DEVICE = os.environ.get("ENGINE_DEVICE", "cpu")
 ENGINE_DTYPE = os.environ.get("ENGINE_DTYPE", "bfloat16")
 ENGINE_KV_CACHE_MB = int(os.environ.get("ENGINE_KV_CACHE_MB", "512"))
 DEFAULT_MODEL = os.environ.get("DEFAULT_MODEL", "smollm2-135m-instruct")
+ENGINE_MAX_NUM_SEQS = int(os.environ.get("ENGINE_MAX_NUM_SEQS", "64"))
+# Queue (inference.queue): keys live under QUEUE_KEY_PREFIX in Redis; a (model, tier)
+# queue holding QUEUE_MAX_DEPTH jobs refuses more (0 = unbounded). A worker whose
+# heartbeat is older than WORKER_HEARTBEAT_TIMEOUT_S is dead: its leases are reaped.
+QUEUE_KEY_PREFIX = os.environ.get("QUEUE_KEY_PREFIX", "llmq")
+QUEUE_MAX_DEPTH = int(os.environ.get("QUEUE_MAX_DEPTH", "10000"))
+WORKER_HEARTBEAT_TIMEOUT_S = float(os.environ.get("WORKER_HEARTBEAT_TIMEOUT_S", "10"))
+CELERY_BEAT_SCHEDULE = {
+    "reap-dead-workers": {"task": "inference.tasks.reap_dead_workers", "schedule": 5.0, "options": {"expires": 5.0}},
+}
 
 # ---------------------------------------------------------------- auth / i18n / static
 AUTH_PASSWORD_VALIDATORS = [

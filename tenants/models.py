@@ -4,6 +4,7 @@ Money is integer micro-dollars (1 USD = 1_000_000) everywhere; never floats.
 """
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -30,8 +31,14 @@ class Tier(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        models_ = self.allowed_models
+        if not isinstance(models_, list) or not all(isinstance(name, str) and name for name in models_):
+            raise ValidationError({"allowed_models": 'A list of model names, e.g. ["smollm2-135m-instruct"] or ["*"].'})
+
     def allows_model(self, model_name: str) -> bool:
-        return "*" in self.allowed_models or model_name in self.allowed_models
+        allowed = self.allowed_models if isinstance(self.allowed_models, list) else []
+        return "*" in allowed or model_name in allowed
 
 
 class Tenant(models.Model):

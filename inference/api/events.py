@@ -1,0 +1,139 @@
+"""Reading one job's engine events from its reply channel.
+
+`JobRun` is an async context manager: leaving it before the job's
+`engine.done` arrived (client disconnect, cancellation, an exception) tells the
+queue to cancel the job, so the engine aborts it within a step and bills only
+what it generated.
+
+The channel layer's `receive` is never cancelled to wait with a timeout:
+channels_redis drops a specific channel's receive buffer when a receive is
+cancelled. One receive stays pending across idle ticks instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from django.conf import settings
+
+from inference.errors import ApiError, ServiceUnavailable
+
+logger = logging.getLogger(__name__)
+
+KEEPALIVE_S = 15.0
+
+
+class EngineFailed(ApiError):
+    """The worker reported an error (it died, or the engine raised) after the job was accepted."""
+
+    status_code = 500
+    error_type = "server_error"
+    code = "engine_error"
+
+
+def _cancel_quietly(request_id: str) -> None:
+    try:
+        from inference.queue import get_job_queue
+
+        get_job_queue().cancel(request_id)
+    except Exception:  # best effort: the worker also sees the reply channel go stale
+        logger.exception("cancelling job %s failed", request_id)
+
+
+def job_cancel(*, request_id: str) -> None:
+    """Ask the queue to cancel `request_id` without blocking the event loop."""
+    try:
+        asyncio.get_running_loop().run_in_executor(None, _cancel_quietly, request_id)
+    except RuntimeError:  # no running loop
+        _cancel_quietly(request_id)
+
+
+class JobRun:
+    """The events of one queued job: `engine.delta`s, then exactly one `engine.done`."""
+
+    def __init__(self, *, layer, channel: str, request_id: str, model: str) -> None:
+        self.layer = layer
+        self.channel = channel
+        self.request_id = request_id
+        self.model = model
+        self.done: dict | None = None
+        self.cancelled = False
+        self._pending: asyncio.Future | None = None
+
+    async def __aenter__(self) -> "JobRun":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self.aclose()
+
+    def cancel(self) -> None:
+        """Cancel the job in the queue/engine; its `engine.done` ("abort") still arrives."""
+        if self.done is None and not self.cancelled:
+            self.cancelled = True
+            job_cancel(request_id=self.request_id)
+
+    async def aclose(self) -> None:
+        self.cancel()
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pending
+
+    async def next_event(self, timeout: float | None) -> dict | None:
+        """The next event of this job, or None when `timeout` seconds pass without one."""
+        while True:
+            if self._pending is None:
+                self._pending = asyncio.ensure_future(self.layer.receive(self.channel))
+            done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+            if not done:
+                return None
+            future, self._pending = self._pending, None
+            message = future.result()
+            if message.get("request_id") not in (None, self.request_id):
+                logger.warning("reply channel %s got an event for %s", self.channel, message.get("request_id"))
+                continue
+            if message.get("type") == "engine.done":
+                self.done = message
+            return message
+
+    async def events(self, *, idle_s: float = KEEPALIVE_S) -> AsyncIterator[dict | None]:
+        """Yield events until `engine.done` (included); None on every `idle_s` without one.
+
+        While idle, a job whose model has no live worker left (separate worker
+        processes only) is cancelled and ends with a 503 instead of waiting forever.
+        """
+        while self.done is None:
+            event = await self.next_event(idle_s)
+            if event is None:
+                await self._liveness_check()
+            yield event
+
+    async def _liveness_check(self) -> None:
+        if settings.EMBEDDED_WORKER or self.cancelled:
+            return
+        from inference.queue import get_job_queue
+
+        try:
+            workers = await asyncio.to_thread(get_job_queue().live_workers, self.model)
+        except Exception:
+            logger.exception("worker liveness check failed")
+            return
+        if not workers:
+            self.cancel()
+            raise ServiceUnavailable(
+                f"No worker is serving the model `{self.model}` any more. Please retry later.", code="no_worker"
+            )
+
+
+def done_error(done: dict) -> ApiError | None:
+    """The error a finished job ended with, if any (an `abort` we did not ask for counts)."""
+    reason = done.get("finish_reason")
+    if reason == "error":
+        return EngineFailed(f"The engine failed while generating: {done.get('error') or 'unknown error'}")
+    if reason == "abort":
+        return EngineFailed("The request was aborted by the server before it finished.", code="aborted")
+    return None

@@ -1,0 +1,183 @@
+"""Response objects in OpenAI's shapes: `chat.completion`, `chat.completion.chunk`,
+`text_completion` (whole and streamed), and `usage`.
+
+`service_tier` echoes the caller's tier name (free / pro / enterprise...): the
+tier is fixed by the API key, so the request's `service_tier` is accepted but
+does not change scheduling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from inference.api.schemas import CHAT
+
+FINGERPRINT_VERSION = "llm-platform-1"
+
+
+def system_fingerprint(model: str) -> str:
+    digest = hashlib.sha256(f"{FINGERPRINT_VERSION}:{model}".encode()).hexdigest()
+    return f"fp_{digest[:10]}"
+
+
+def response_id(*, endpoint: str, request_id: str) -> str:
+    return f"chatcmpl-{request_id}" if endpoint == CHAT else f"cmpl-{request_id}"
+
+
+def usage_body(usage: dict | None) -> dict:
+    """OpenAI `usage` from the engine's {prompt_tokens, cached_tokens, completion_tokens}."""
+    usage = usage or {}
+    prompt = int(usage.get("prompt_tokens") or 0)
+    completion = int(usage.get("completion_tokens") or 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": int(usage.get("cached_tokens") or 0)},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+def _token_bytes(entry: dict) -> list[int]:
+    raw = entry.get("bytes")
+    if raw is None:
+        return list((entry.get("token") or "").encode("utf-8", "replace"))
+    return list(raw)
+
+
+def chat_logprobs(entries: list[dict]) -> dict:
+    """Chat `choices[].logprobs` from the engine's per-token logprob entries."""
+    content = []
+    for entry in entries:
+        content.append(
+            {
+                "token": entry.get("token", ""),
+                "logprob": entry.get("logprob"),
+                "bytes": _token_bytes(entry),
+                "top_logprobs": [
+                    {"token": top.get("token", ""), "logprob": top.get("logprob"), "bytes": _token_bytes(top)}
+                    for top in entry.get("top_logprobs") or []
+                ],
+            }
+        )
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(entries: list[dict], *, start_offset: int = 0) -> dict:
+    """Legacy completions `logprobs`: parallel lists, offsets into the generated text."""
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    offset = start_offset
+    for entry in entries:
+        token = entry.get("token", "")
+        tokens.append(token)
+        token_logprobs.append(entry.get("logprob"))
+        top_logprobs.append({top.get("token", ""): top.get("logprob") for top in entry.get("top_logprobs") or []})
+        offsets.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
+
+
+@dataclass(slots=True)
+class ResponseBuilder:
+    """Builds every object of one response, sharing its id, created, model and tier."""
+
+    endpoint: str
+    request_id: str
+    created: int
+    model: str
+    service_tier: str
+    include_usage: bool = False
+    want_logprobs: bool = False
+    _offset: int = field(default=0)
+
+    @property
+    def id(self) -> str:
+        return response_id(endpoint=self.endpoint, request_id=self.request_id)
+
+    @property
+    def is_chat(self) -> bool:
+        return self.endpoint == CHAT
+
+    def _head(self, object_name: str) -> dict:
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": system_fingerprint(self.model),
+            "service_tier": self.service_tier,
+        }
+
+    def _logprobs(self, entries: list[dict] | None) -> dict | None:
+        if not self.want_logprobs or entries is None:
+            return None
+        if self.is_chat:
+            return chat_logprobs(entries)
+        result = completion_logprobs(entries, start_offset=self._offset)
+        self._offset += sum(len(token) for token in result["tokens"])
+        return result
+
+    # ------------------------------------------------------------ whole responses
+    def completion(self, *, text: str, finish_reason: str, usage: dict | None, logprobs: list[dict] | None) -> dict:
+        body = self._head("chat.completion" if self.is_chat else "text_completion")
+        self._offset = 0
+        lp = self._logprobs(logprobs if self.want_logprobs else None)
+        if self.is_chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None, "annotations": []},
+                "logprobs": lp,
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {"text": text, "index": 0, "logprobs": lp, "finish_reason": finish_reason}
+        body["choices"] = [choice]
+        body["usage"] = usage_body(usage)
+        return body
+
+    # ------------------------------------------------------------ stream chunks
+    def _chunk(self, choices: list[dict]) -> dict:
+        body = self._head("chat.completion.chunk" if self.is_chat else "text_completion")
+        body["choices"] = choices
+        if self.include_usage:
+            body["usage"] = None
+        return body
+
+    def role_chunk(self) -> dict | None:
+        """The first chat chunk, carrying the role; completions have none."""
+        if not self.is_chat:
+            return None
+        return self._chunk(
+            [{"index": 0, "delta": {"role": "assistant", "content": "", "refusal": None}, "logprobs": None, "finish_reason": None}]
+        )
+
+    def delta_chunk(self, *, text: str, logprobs: list[dict] | None = None) -> dict:
+        lp = self._logprobs(logprobs)
+        if self.is_chat:
+            return self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}])
+        return self._chunk([{"text": text, "index": 0, "logprobs": lp, "finish_reason": None}])
+
+    def finish_chunk(self, *, finish_reason: str) -> dict:
+        if self.is_chat:
+            return self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
+        return self._chunk([{"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason}])
+
+    def usage_chunk(self, *, usage: dict | None) -> dict:
+        body = self._head("chat.completion.chunk" if self.is_chat else "text_completion")
+        body["choices"] = []
+        body["usage"] = usage_body(usage)
+        return body
+
+
+def response_builder(*, prepared) -> ResponseBuilder:
+    request = prepared.request
+    return ResponseBuilder(
+        endpoint=request.endpoint,
+        request_id=prepared.request_id,
+        created=prepared.created,
+        model=prepared.model.name,
+        service_tier=prepared.tier_name,
+        include_usage=request.include_usage,
+        want_logprobs=request.logprobs is not None,
+    )

@@ -1,0 +1,243 @@
+"""From a validated request to a queued Job: model access, tier limits, tokenisation.
+
+`arequest_prepare` does everything that can fail because of the client (all of
+it before anything is queued, so a 4xx never costs engine time);
+`ajob_submit` checks capacity and enqueues. Views and the WebSocket consumer
+share both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
+from inference.api.schemas import CHAT, ApiRequest
+from inference.errors import ApiError, InvalidRequest, ServiceUnavailable
+
+# Prompts longer than this many characters are tokenised off the event loop.
+INLINE_TOKENIZE_CHARS = 8192
+INFERENCE_SCOPE = "inference"
+
+_tokenizers_loaded: set[str] = set()
+_embedded_started = False
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    request: ApiRequest
+    request_id: str
+    created: int  # unix seconds, the `created` of every response object
+    auth: object  # tenants.services.api_keys.AuthContext
+    model: ModelInfo
+    prompt_token_ids: list[int]
+    sampling: dict  # SamplingParams.to_dict(), the Job's wire form
+    max_tokens: int
+
+    @property
+    def tier_name(self) -> str:
+        return self.auth.tier.name
+
+
+def request_id_new() -> str:
+    return uuid.uuid4().hex
+
+
+# ---------------------------------------------------------------- tokenisation
+def _load_tokenizer(source: str):
+    from inference.engine.tokenizer import load_tokenizer
+
+    return load_tokenizer(source)
+
+
+async def atokenizer_get(*, model: ModelInfo):
+    """The model's tokenizer (metadata only, cached); the first load runs off the event loop."""
+    if model.tokenizer_source in _tokenizers_loaded:
+        return _load_tokenizer(model.tokenizer_source)
+    try:
+        tokenizer = await asyncio.to_thread(_load_tokenizer, model.tokenizer_source)
+    except Exception as exc:  # a broken model file is the operator's problem, not the client's
+        raise ServiceUnavailable(f"The tokenizer of `{model.name}` could not be loaded: {exc}", code="model_unavailable") from exc
+    _tokenizers_loaded.add(model.tokenizer_source)
+    return tokenizer
+
+
+def prompt_tokenize(*, request: ApiRequest, tokenizer) -> list[int]:
+    """Token ids of the prompt: the chat template for chat, the raw text (or ids) for completions."""
+    if request.endpoint == CHAT:
+        return list(tokenizer.encode_chat(request.messages))
+    if request.prompt_token_ids is not None:
+        vocab = tokenizer.vocab_size
+        for index, token in enumerate(request.prompt_token_ids):
+            if token >= vocab:
+                raise InvalidRequest(f"Invalid 'prompt': token id {token} at position {index} is outside the vocabulary (size {vocab}).", param="prompt")
+        return list(request.prompt_token_ids)
+    ids = list(tokenizer.encode(request.prompt, add_special_tokens=True))
+    if not ids:  # an empty prompt starts from the document boundary, like OpenAI's <|endoftext|>
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        ids = [start]
+    return ids
+
+
+def _prompt_chars(request: ApiRequest) -> int:
+    if request.messages is not None:
+        return sum(len(m["content"]) for m in request.messages)
+    return len(request.prompt or "")
+
+
+# ---------------------------------------------------------------- limits and sampling
+def _max_tokens_resolve(*, request: ApiRequest, tier, prompt_len: int, limit: int) -> int:
+    param = request.max_tokens_param
+    tier_cap = tier.max_output_tokens
+    if request.max_tokens is not None and request.max_tokens > tier_cap:
+        raise InvalidRequest(
+            f"Invalid '{param}': {request.max_tokens} is above the {tier_cap} output tokens per request "
+            f"allowed on the '{tier.name}' tier.",
+            param=param,
+            code="invalid_value",
+        )
+    if request.max_tokens is None:
+        remaining = limit - prompt_len
+        if remaining < 1:
+            raise _context_exceeded(request=request, limit=limit, prompt_len=prompt_len, max_tokens=None)
+        return min(remaining, tier_cap)
+    if prompt_len + request.max_tokens > limit:
+        raise _context_exceeded(request=request, limit=limit, prompt_len=prompt_len, max_tokens=request.max_tokens)
+    return request.max_tokens
+
+
+def _context_exceeded(*, request: ApiRequest, limit: int, prompt_len: int, max_tokens: int | None) -> InvalidRequest:
+    where = request.prompt_param
+    if max_tokens is None:
+        detail = f"your {where} resulted in {prompt_len} tokens, which leaves no room for the completion"
+    else:
+        detail = (
+            f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the {where}, "
+            f"{max_tokens} in the completion)"
+        )
+    return InvalidRequest(
+        f"This model's maximum context length is {limit} tokens. However, {detail}. "
+        f"Please reduce the length of the {where} or completion.",
+        param=where,
+        code="context_length_exceeded",
+    )
+
+
+def sampling_build(*, request: ApiRequest, max_tokens: int, vocab_size: int | None) -> dict:
+    """SamplingParams for the engine, validated the way the engine will validate them."""
+    from inference.engine.sampling_params import EngineValidationError, SamplingParams
+
+    try:
+        params = SamplingParams(max_tokens=max_tokens, logprobs=request.logprobs, **request.sampling)
+        params.validate(vocab_size=vocab_size)
+    except EngineValidationError as exc:
+        param = exc.param
+        if param == "max_tokens":
+            param = request.max_tokens_param
+        elif param == "top_logprobs" and request.endpoint != CHAT:
+            param = "logprobs"
+        raise InvalidRequest(exc.message, param=param, code="invalid_value") from None
+    return params.to_dict()
+
+
+# ---------------------------------------------------------------- prepare + submit
+async def arequest_prepare(*, auth, request: ApiRequest, request_id: str | None = None) -> PreparedRequest:
+    """Every client-caused failure (404 model, 400 limits/context) before anything is queued."""
+    api_key = getattr(auth, "api_key", None)
+    if api_key is not None and hasattr(api_key, "has_scope") and not api_key.has_scope(INFERENCE_SCOPE):
+        raise ApiError("This API key does not have the 'inference' scope.", status=403, error_type="permission_error", code="missing_scope")
+    info = await amodel_info_get(name=request.model)
+    model_access_check(tier=auth.tier, model=info.name)
+    tokenizer = await atokenizer_get(model=info)
+    if _prompt_chars(request) > INLINE_TOKENIZE_CHARS:
+        prompt_ids = await asyncio.to_thread(prompt_tokenize, request=request, tokenizer=tokenizer)
+    else:
+        prompt_ids = prompt_tokenize(request=request, tokenizer=tokenizer)
+    limit = context_limit(tier=auth.tier, info=info)
+    max_tokens = _max_tokens_resolve(request=request, tier=auth.tier, prompt_len=len(prompt_ids), limit=limit)
+    sampling = sampling_build(request=request, max_tokens=max_tokens, vocab_size=tokenizer.vocab_size)
+    return PreparedRequest(
+        request=request,
+        request_id=request_id or request_id_new(),
+        created=int(time.time()),
+        auth=auth,
+        model=info,
+        prompt_token_ids=prompt_ids,
+        sampling=sampling,
+        max_tokens=max_tokens,
+    )
+
+
+def job_build(*, prepared: PreparedRequest, reply_channel: str):
+    from inference.queue.job import Job
+
+    auth = prepared.auth
+    return Job(
+        request_id=prepared.request_id,
+        tenant_id=auth.tenant.pk,
+        api_key_id=auth.api_key.pk if auth.api_key is not None else None,
+        tier=auth.tier.name,
+        priority=auth.tier.priority,
+        model=prepared.model.name,
+        prompt_token_ids=prepared.prompt_token_ids,
+        sampling=prepared.sampling,
+        reply_channel=reply_channel,
+        enqueued_at=time.time(),
+        reservation_id=None,
+        cache_salt=auth.tenant.cache_salt,
+        endpoint=prepared.request.endpoint,
+        tenant_slug=auth.tenant.slug,
+    )
+
+
+async def _capacity_check(model: str) -> None:
+    global _embedded_started
+    if settings.EMBEDDED_WORKER:
+        if not _embedded_started:
+            from inference.worker.embedded import ensure_embedded_worker
+
+            try:
+                await asyncio.to_thread(ensure_embedded_worker)
+            except Exception as exc:
+                raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
+            _embedded_started = True
+        return
+    from inference.queue import get_job_queue
+
+    workers = await asyncio.to_thread(get_job_queue().live_workers, model)
+    if not workers:
+        raise ServiceUnavailable(
+            f"No worker is serving the model `{model}` right now. Please retry later.",
+            code="no_worker",
+            headers={"Retry-After": "5"},
+        )
+
+
+async def ajob_submit(*, prepared: PreparedRequest):
+    """Check capacity and enqueue; returns the JobRun to read events from (use `async with`)."""
+    from channels.layers import get_channel_layer
+
+    from inference.api.events import JobRun
+    from inference.queue import get_job_queue
+
+    await _capacity_check(prepared.model.name)
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel("reply.")
+    job = job_build(prepared=prepared, reply_channel=reply_channel)
+    queue = get_job_queue()
+    try:
+        if settings.EMBEDDED_WORKER:
+            queue.enqueue(job)  # in-process: a lock and a notify
+        else:
+            await asyncio.to_thread(queue.enqueue, job)
+    except Exception as exc:
+        if type(exc).__name__ == "QueueFull":
+            raise ServiceUnavailable(
+                "The queue for this model and tier is full. Please retry later.", code="queue_full", headers={"Retry-After": "2"}
+            ) from exc
+        raise
+    return JobRun(layer=layer, channel=reply_channel, request_id=prepared.request_id, model=prepared.model.name)

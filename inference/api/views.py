@@ -1,0 +1,158 @@
+"""`POST /v1/chat/completions` and `POST /v1/completions`: async Django views.
+
+Async views on Django's ASGI handler rather than DRF (sync) or a Channels
+`AsyncHttpConsumer`: Django 5 cancels the view task when the client
+disconnects (`http.disconnect`), for whole and streamed responses alike, and
+closes a streaming response's async generator; both paths leave `JobRun`'s
+context, which cancels the job. Middleware, URL routing and the OpenAI error
+bodies stay the same as every other view.
+
+Streaming sends `data: {chunk}\\n\\n` events: a first chat chunk with the role,
+content deltas, a chunk with `finish_reason`, a usage chunk (`choices: []`)
+when `stream_options.include_usage`, then `data: [DONE]`. `: keep-alive`
+comments go out every `KEEPALIVE_S` while the engine is quiet (e.g. queued).
+An error after the stream began is one `data: {"error": {...}}` event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from inference.api.events import KEEPALIVE_S, JobRun, done_error
+from inference.api.parsing import MAX_BODY_BYTES, json_object_parse
+from inference.api.responses import ResponseBuilder, response_builder
+from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse
+from inference.api.services import PreparedRequest, ajob_submit, arequest_prepare, request_id_new
+from inference.errors import ApiError, error_body, error_json_response
+
+logger = logging.getLogger(__name__)
+
+_MAX_CLIENT_REQUEST_ID = 512
+
+
+def _dumps(obj: dict) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _sse(obj: dict) -> bytes:
+    return f"data: {_dumps(obj)}\n\n".encode()
+
+
+def _common_headers(response: HttpResponse, *, request, request_id: str, started: float) -> HttpResponse:
+    response["x-request-id"] = request_id
+    response["openai-processing-ms"] = str(int((time.perf_counter() - started) * 1000))
+    client_id = request.headers.get("X-Client-Request-Id")
+    if client_id and len(client_id) <= _MAX_CLIENT_REQUEST_ID and client_id.isascii() and client_id.isprintable():
+        response["x-client-request-id"] = client_id
+    return response
+
+
+async def _authenticate(request):
+    from tenants.services.api_keys import aapi_key_authenticate
+
+    return await aapi_key_authenticate(authorization=request.headers.get("Authorization"))
+
+
+def _body(request) -> dict:
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise ApiError(
+            f"The request body is too large (limit {MAX_BODY_BYTES} bytes).", status=413, code="request_too_large"
+        ) from None
+    return json_object_parse(raw=raw)
+
+
+async def _collect(run: JobRun, builder: ResponseBuilder) -> dict:
+    """Await a job to its end and build the whole response body."""
+    texts: list[str] = []
+    logprobs: list[dict] = []
+    async with run:
+        async for event in run.events(idle_s=KEEPALIVE_S):
+            if event is not None and event.get("type") == "engine.delta":
+                texts.append(event.get("text") or "")
+                if event.get("logprobs"):
+                    logprobs.extend(event["logprobs"])
+    error = done_error(run.done)
+    if error is not None:
+        raise error
+    return builder.completion(
+        text="".join(texts),
+        finish_reason=run.done["finish_reason"],
+        usage=run.done.get("usage"),
+        logprobs=logprobs if builder.want_logprobs else None,
+    )
+
+
+async def _stream(run: JobRun, builder: ResponseBuilder) -> AsyncIterator[bytes]:
+    """SSE events of one job; leaving early (disconnect) cancels it through `run`."""
+    try:
+        async with run:
+            first = builder.role_chunk()
+            if first is not None:
+                yield _sse(first)
+            async for event in run.events(idle_s=KEEPALIVE_S):
+                if event is None:
+                    yield b": keep-alive\n\n"
+                elif event.get("type") == "engine.delta":
+                    text, logprobs = event.get("text") or "", event.get("logprobs")
+                    if text or logprobs:
+                        yield _sse(builder.delta_chunk(text=text, logprobs=logprobs))
+            error = done_error(run.done)
+            if error is not None:
+                raise error
+            yield _sse(builder.finish_chunk(finish_reason=run.done["finish_reason"]))
+            if builder.include_usage:
+                yield _sse(builder.usage_chunk(usage=run.done.get("usage")))
+        yield b"data: [DONE]\n\n"
+    except ApiError as exc:
+        yield _sse(exc.body())
+    except Exception:  # a bug after headers went out: still end with an error event
+        logger.exception("stream of %s failed", run.request_id)
+        yield _sse(error_body("The server had an error while processing your request.", error_type="server_error"))
+
+
+async def _serve(request, endpoint: str) -> HttpResponse:
+    started = time.perf_counter()
+    request_id = request_id_new()
+    try:
+        if request.method != "POST":
+            raise ApiError(f"Method {request.method} is not allowed; use POST.", status=405, code="method_not_allowed")
+        auth = await _authenticate(request)
+        api_request = api_request_parse(endpoint=endpoint, body=_body(request))
+        prepared: PreparedRequest = await arequest_prepare(auth=auth, request=api_request, request_id=request_id)
+        builder = response_builder(prepared=prepared)
+        run = await ajob_submit(prepared=prepared)
+        if api_request.stream:
+            response = StreamingHttpResponse(_stream(run, builder), content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
+        else:
+            response = HttpResponse(_dumps(await _collect(run, builder)), content_type="application/json")
+    except ApiError as exc:
+        response = error_json_response(exc)
+        if exc.status_code == 405:
+            response["Allow"] = "POST"
+    except Exception:
+        logger.exception("request %s failed", request_id)
+        response = JsonResponse(
+            error_body("The server had an error while processing your request.", error_type="server_error"), status=500
+        )
+    return _common_headers(response, request=request, request_id=request_id, started=started)
+
+
+@csrf_exempt
+async def chat_completions(request) -> HttpResponse:
+    return await _serve(request, CHAT)
+
+
+@csrf_exempt
+async def completions(request) -> HttpResponse:
+    return await _serve(request, COMPLETIONS)

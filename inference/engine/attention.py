@@ -1,0 +1,36 @@
+"""The attention layer over the paged KV cache.
+
+It owns no weights: it writes this step's keys/values into the layer's cache
+blocks (by slot mapping) and attends over the cache, through the kernel set
+`kernels.dispatch.get_ops(device)` only. Which kernel runs is decided by the
+metadata: a decode-only batch takes the single-query paged kernel, anything
+else (prefill, chunked prefill, prefix-cache hits, mixed batches) the
+variable-length prefill kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention_metadata import AttentionMetadata
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
+        k_cache, v_cache = kv_cache
+        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.decode_only:
+            out = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale)
+        else:
+            out = ops.paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
+                                              meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -1,0 +1,58 @@
+"""Engine configuration: one slotted dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "smollm2-135m-instruct"
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    kv_cache_mb: int = 512  # KV cache budget; sets the number of blocks
+    block_size: int = 16
+    max_num_seqs: int = 64  # cap on running sequences
+    max_num_batched_tokens: int = 1024  # per-step token budget (decodes + prefill chunks)
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None  # None: the model's context length
+    num_kv_blocks: int | None = None  # overrides kv_cache_mb (tests use tiny budgets)
+    # Starvation guards. A request preempted this many times is no longer chosen as a
+    # victim while others are; a waiting request gains one priority level per
+    # `priority_aging_s` seconds since arrival (None turns aging off). 0 preemptions: no bound.
+    max_preemptions: int = 2
+    priority_aging_s: float | None = 30.0
+    seed: int = 0  # seeds the generator of requests without their own seed
+    num_threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model is required")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a positive power of two")
+        if self.kv_cache_mb <= 0:
+            raise ValueError("kv_cache_mb must be positive")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError("num_kv_blocks must be at least 2")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs (one decode token each)")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+        if self.max_preemptions < 0:
+            raise ValueError("max_preemptions must be >= 0")
+        if self.priority_aging_s is not None and self.priority_aging_s <= 0:
+            raise ValueError("priority_aging_s must be positive or None")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("num_threads must be positive")
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]

@@ -1,0 +1,209 @@
+"""GGUF files: metadata, architecture config, and weights in our parameter layout.
+
+`read_gguf_metadata` parses only the key/value header (fast, no tensor data
+touched): the tokenizer uses it in the web process. `load_gguf_weights` reads
+tensors through `gguf.GGUFReader` (a memory map) and dequantises them with
+`dequant.dequantize`.
+
+llama.cpp's converter permutes the rows of the Q and K projections of Llama
+models so that its "normal" rotary embedding pairs adjacent elements
+(x0,x1),(x2,x3)...; our rotary embedding is the Hugging Face "rotate half"
+kind that pairs (x_i, x_{i+D/2}), so we undo that permutation on load.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+
+from .model_config import ModelConfig
+
+if TYPE_CHECKING:  # torch is imported lazily: the tokenizer reads headers in processes that need no torch
+    import torch
+
+GGUF_MAGIC = b"GGUF"
+
+_SCALAR_FORMATS = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+_NUMPY_TYPES = {
+    GGUFValueType.UINT8: np.uint8, GGUFValueType.INT8: np.int8, GGUFValueType.UINT16: np.uint16,
+    GGUFValueType.INT16: np.int16, GGUFValueType.UINT32: np.uint32, GGUFValueType.INT32: np.int32,
+    GGUFValueType.FLOAT32: np.float32, GGUFValueType.BOOL: np.bool_, GGUFValueType.UINT64: np.uint64,
+    GGUFValueType.INT64: np.int64, GGUFValueType.FLOAT64: np.float64,
+}
+
+# Architectures whose Q/K rows llama.cpp permutes when converting from Hugging Face.
+_PERMUTED_QK_ARCHITECTURES = {"llama"}
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}
+
+
+class GGUFFormatError(ValueError):
+    pass
+
+
+class _Cursor:
+    def __init__(self, buffer: mmap.mmap | bytes) -> None:
+        self.buffer, self.pos = buffer, 0
+
+    def scalar(self, fmt: str):
+        (value,) = struct.unpack_from(fmt, self.buffer, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        length = self.scalar("<Q")
+        raw = self.buffer[self.pos:self.pos + length]
+        self.pos += length
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: GGUFValueType):
+        if vtype == GGUFValueType.STRING:
+            return self.string()
+        if vtype == GGUFValueType.ARRAY:
+            item_type = GGUFValueType(self.scalar("<I"))
+            count = self.scalar("<Q")
+            if item_type in _NUMPY_TYPES:
+                dtype = np.dtype(_NUMPY_TYPES[item_type]).newbyteorder("<")
+                values = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.pos)
+                self.pos += count * dtype.itemsize
+                return values.tolist()
+            return [self.value(item_type) for _ in range(count)]
+        return self.scalar(_SCALAR_FORMATS[vtype])
+
+
+def read_gguf_header(path: str | Path) -> tuple[dict, dict[str, tuple[tuple[int, ...], int]]]:
+    """(metadata, {tensor name: (torch-order shape, GGML type)}) without reading any tensor data."""
+    with open(path, "rb") as handle:
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+            if buffer[:4] != GGUF_MAGIC:
+                raise GGUFFormatError(f"{path} is not a GGUF file")
+            cursor = _Cursor(buffer)
+            cursor.pos = 4
+            version = cursor.scalar("<I")
+            if version not in (2, 3):
+                raise GGUFFormatError(f"{path}: unsupported GGUF version {version} (big-endian files are not supported)")
+            tensor_count = cursor.scalar("<Q")
+            kv_count = cursor.scalar("<Q")
+            metadata: dict = {}
+            for _ in range(kv_count):
+                key = cursor.string()
+                metadata[key] = cursor.value(GGUFValueType(cursor.scalar("<I")))
+            tensors: dict[str, tuple[tuple[int, ...], int]] = {}
+            for _ in range(tensor_count):
+                name = cursor.string()
+                dims = [cursor.scalar("<Q") for _ in range(cursor.scalar("<I"))]
+                ggml_type = cursor.scalar("<I")
+                cursor.scalar("<Q")  # data offset
+                tensors[name] = (tuple(reversed(dims)), ggml_type)  # GGUF lists dims innermost first
+            return metadata, tensors
+
+
+def read_gguf_metadata(path: str | Path) -> dict:
+    """All key/value metadata of a GGUF file (arrays as lists), without reading tensor data."""
+    return read_gguf_header(path)[0]
+
+
+def read_gguf_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of a GGUF file, from its header alone."""
+    metadata, tensors = read_gguf_header(path)
+    return config_from_gguf_metadata(metadata, set(tensors))
+
+
+def config_from_gguf_metadata(metadata: dict, tensor_names: set[str]) -> ModelConfig:
+    """The ModelConfig a GGUF's metadata and tensor names describe (the names decide tying and biases)."""
+    arch = metadata.get("general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise GGUFFormatError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCHITECTURES)}")
+
+    def key(name: str, default=None):
+        value = metadata.get(f"{arch}.{name}", default)
+        if value is None:
+            raise GGUFFormatError(f"GGUF metadata lacks {arch}.{name}")
+        return value
+
+    scaling = metadata.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none") or "rope_freqs.weight" in tensor_names:
+        raise GGUFFormatError(f"rope scaling {scaling!r} is not supported")
+    hidden = int(key("embedding_length"))
+    num_heads = int(key("attention.head_count"))
+    head_dim = int(metadata.get(f"{arch}.attention.key_length", hidden // num_heads))
+    rope_dims = int(metadata.get(f"{arch}.rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise GGUFFormatError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    vocab_size = int(metadata.get(f"{arch}.vocab_size") or (len(tokens) if tokens else 0))
+    return ModelConfig(
+        architecture=_ARCHITECTURES[arch],
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(metadata.get(f"{arch}.attention.head_count_kv", num_heads)),
+        head_dim=head_dim,
+        rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(key("context_length")),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
+    )
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Invert llama.cpp's permutation of Q/K rows (interleaved rotary pairs -> rotate-half halves)."""
+    rows = weight.shape[0]
+    rest = weight.shape[1:]
+    return (weight.reshape(num_heads, rows // num_heads // 2, 2, *rest)
+            .transpose(1, 2).reshape(rows, *rest).contiguous())
+
+
+def load_gguf(path: str | Path, *, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(config, state_dict in LlamaForCausalLM's parameter names) on the CPU, in `dtype`."""
+    import torch
+
+    from .dequant import dequantize
+
+    metadata, infos = read_gguf_header(path)
+    config = config_from_gguf_metadata(metadata, set(infos))
+    permuted = metadata["general.architecture"] in _PERMUTED_QK_ARCHITECTURES
+    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+
+    def get(name: str) -> torch.Tensor:
+        tensor = tensors.get(name)
+        if tensor is None:
+            raise GGUFFormatError(f"{path}: tensor {name} is missing")
+        return dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type), infos[name][0], dtype)
+
+    state: dict[str, torch.Tensor] = {"embed_tokens.weight": get("token_embd.weight"),
+                                      "norm.weight": get("output_norm.weight")}
+    if not config.tie_word_embeddings:
+        state["lm_head.weight"] = get("output.weight")
+    for i in range(config.num_layers):
+        blk, out = f"blk.{i}", f"layers.{i}"
+        q, k, v = get(f"{blk}.attn_q.weight"), get(f"{blk}.attn_k.weight"), get(f"{blk}.attn_v.weight")
+        if permuted:
+            q, k = unpermute_qk(q, config.num_heads), unpermute_qk(k, config.num_kv_heads)
+        state[f"{out}.self_attn.qkv_proj.weight"] = torch.cat((q, k, v))
+        if config.attention_bias:
+            qb, kb, vb = get(f"{blk}.attn_q.bias"), get(f"{blk}.attn_k.bias"), get(f"{blk}.attn_v.bias")
+            if permuted:
+                qb, kb = unpermute_qk(qb, config.num_heads), unpermute_qk(kb, config.num_kv_heads)
+            state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat((qb, kb, vb))
+        state[f"{out}.self_attn.o_proj.weight"] = get(f"{blk}.attn_output.weight")
+        state[f"{out}.mlp.gate_up_proj.weight"] = torch.cat((get(f"{blk}.ffn_gate.weight"), get(f"{blk}.ffn_up.weight")))
+        state[f"{out}.mlp.down_proj.weight"] = get(f"{blk}.ffn_down.weight")
+        state[f"{out}.input_layernorm.weight"] = get(f"{blk}.attn_norm.weight")
+        state[f"{out}.post_attention_layernorm.weight"] = get(f"{blk}.ffn_norm.weight")
+    return config, state

@@ -1,0 +1,129 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) over a paged KV cache.
+
+Inputs are a flattened batch of T tokens from any mix of sequences; the
+per-step AttentionMetadata says which tokens belong to which sequence and
+where their keys/values live. Norms, rotary embeddings, the SwiGLU activation
+and attention go through `kernels.dispatch.get_ops(device)`; the model itself
+only holds weights and runs the matmuls. Q/K/V and gate/up are fused into one
+Linear each, so a layer is four matmuls.
+
+Parameter names (what the loaders produce):
+  embed_tokens.weight, norm.weight, lm_head.weight (absent when tied),
+  layers.{i}.input_layernorm.weight, layers.{i}.post_attention_layernorm.weight,
+  layers.{i}.self_attn.qkv_proj.weight (+ .bias for Qwen2), layers.{i}.self_attn.o_proj.weight,
+  layers.{i}.mlp.gate_up_proj.weight, layers.{i}.mlp.down_proj.weight
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.dispatch import get_ops
+
+from .attention import PagedAttention
+from .attention_metadata import AttentionMetadata
+from .model_config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, cos_sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q, k = ops.rotary_embedding(positions, q.view(tokens, self.num_heads, self.head_dim),
+                                    k.view(tokens, self.num_kv_heads, self.head_dim), cos_sin)
+        out = self.attn(q, k, v.view(tokens, self.num_kv_heads, self.head_dim), kv_cache, meta, ops)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor, ops) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                ops) -> tuple[torch.Tensor, torch.Tensor]:
+        norm = self.input_layernorm
+        if residual is None:
+            residual, hidden = hidden, ops.rms_norm(hidden, norm.weight, norm.eps)
+        else:
+            hidden, residual = ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
+        hidden = self.self_attn(positions, hidden, cos_sin, kv_cache, meta, ops)
+        norm = self.post_attention_layernorm
+        hidden, residual = ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
+        return self.mlp(hidden, ops), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
+                                                                           bias=False)
+        self._cos_sin: dict[torch.device, torch.Tensor] = {}
+
+    def cos_sin_cache(self, device: torch.device) -> torch.Tensor:
+        cache = self._cos_sin.get(device)
+        if cache is None:
+            cfg = self.config
+            cache = get_ops(device).build_cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings,
+                                                        cfg.rope_theta, device)
+            self._cos_sin[device] = cache
+        return cache
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """input_ids/positions [T] int64 -> final hidden states [T, H] (after the last norm)."""
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"expected {len(self.layers)} KV caches, got {len(kv_caches)}")
+        device = input_ids.device
+        ops = get_ops(device)
+        cos_sin = self.cos_sin_cache(device)
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, cos_sin, kv_cache, meta, ops)
+        hidden, _ = ops.fused_add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
+        return hidden
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] (only the rows that need logits) -> float32 logits [N, V]."""
+        return F.linear(hidden, self.output_weight).float()

@@ -1,0 +1,67 @@
+"""`load_model`: a registered name or a path -> config, weights on the device, tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .gguf_loader import load_gguf
+from .llama import LlamaForCausalLM
+from .model_config import ModelConfig
+from .registry import ModelSource, resolve_model
+from .safetensors_loader import load_safetensors
+from .tokenizer import Tokenizer, load_tokenizer
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer | None  # None only for a safetensors directory without tokenizer.json
+    source: ModelSource
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def max_model_len(self) -> int:
+        return self.source.context_length or self.config.max_position_embeddings
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[str(dtype).removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}") from None
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device) -> LlamaForCausalLM:
+    """Instantiate without initialising weights, then adopt the loaded tensors."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.requires_grad_(False)
+    return model.to(device).eval()
+
+
+def load_model(name_or_path: str, *, dtype: torch.dtype | str = torch.bfloat16,
+               device: torch.device | str = "cpu") -> LoadedModel:
+    source = resolve_model(name_or_path)
+    dtype, device = resolve_dtype(dtype), torch.device(device)
+    if source.kind == "gguf":
+        config, state = load_gguf(source.path, dtype=dtype)
+    elif source.kind == "safetensors":
+        config, state = load_safetensors(source.path, dtype=dtype)
+    else:
+        raise ValueError(f"unknown model source kind {source.kind!r}")
+    model = build_model(config, state, device)
+    try:
+        tokenizer = load_tokenizer(name_or_path)
+    except FileNotFoundError:
+        tokenizer = None
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, source=source, dtype=dtype, device=device)

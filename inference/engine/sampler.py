@@ -1,0 +1,186 @@
+"""Batched token sampling for the rows of a step that produce a token.
+
+Order per row (as in HF/vLLM): raw logits -> logprobs (reported from the raw
+model distribution, log_softmax of the unmodified logits, like OpenAI) ->
+repetition/presence/frequency penalties -> logit_bias -> min_tokens mask ->
+greedy argmax, or temperature -> top_k -> top_p -> min_p -> one draw.
+
+A draw uses inverse-CDF sampling with ONE uniform number per row. Seeded
+requests take it from their own torch.Generator, so a seed reproduces the same
+tokens whatever else shares the batch; the rest share the engine's generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inference.engine.sequence import Sequence
+
+_NUCLEUS_CANDIDATES = 64  # top-p first looks among this many tokens, sorting all only if needed
+
+
+@dataclass(slots=True)
+class SampledLogprobs:
+    logprob: float  # of the chosen token
+    top: list[tuple[int, float]]  # (token_id, logprob), best first; empty when k == 0
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[SampledLogprobs | None] | None  # per row; None when no row asked
+
+
+class Sampler:
+    def __init__(self, *, eos_token_id: int | None, seed: int = 0) -> None:
+        self.eos_token_id = eos_token_id
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        logits = logits.float()
+        lp_rows = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
+        raw_lp = torch.log_softmax(logits[torch.tensor(lp_rows)], dim=-1) if lp_rows else None
+        self._process(logits, seqs)
+        greedy = [s.sampling.greedy for s in seqs]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = torch.empty(len(seqs), dtype=torch.long)
+            g_rows = [i for i, g in enumerate(greedy) if g]
+            r_rows = [i for i, g in enumerate(greedy) if not g]
+            if g_rows:
+                idx = torch.tensor(g_rows)
+                tokens[idx] = logits[idx].argmax(dim=-1)
+            idx = torch.tensor(r_rows)
+            tokens[idx] = self._sample(logits[idx], [seqs[i] for i in r_rows])
+        logprobs = _gather_logprobs(raw_lp, lp_rows, seqs, tokens) if lp_rows else None
+        return SamplerOutput(tokens.tolist(), logprobs)
+
+    def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        pen_rows = [i for i, s in enumerate(seqs) if s.sampling.has_penalties]
+        if pen_rows:
+            apply_penalties(logits, pen_rows, seqs)
+        for i, s in enumerate(seqs):
+            sp = s.sampling
+            if sp.logit_bias:
+                ids = torch.tensor(list(sp.logit_bias.keys()))
+                logits[i, ids] += torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype)
+            if s.num_output_tokens < sp.min_tokens:
+                banned = list(sp.stop_token_ids)
+                if self.eos_token_id is not None and not sp.ignore_eos:
+                    banned.append(self.eos_token_id)
+                if banned:
+                    logits[i, torch.tensor(banned)] = -float("inf")
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        temps = torch.tensor([s.sampling.temperature for s in seqs], dtype=logits.dtype)
+        logits.div_(temps[:, None])
+        top_ks = [s.sampling.top_k for s in seqs]
+        top_ps = [s.sampling.top_p for s in seqs]
+        min_ps = [s.sampling.min_p for s in seqs]
+        if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):
+            apply_top_k_top_p(logits, top_ks, top_ps)
+        probs = logits.softmax(dim=-1)
+        if any(m > 0.0 for m in min_ps):
+            m = torch.tensor(min_ps, dtype=probs.dtype)[:, None]
+            probs = probs.masked_fill(probs < m * probs.amax(dim=-1, keepdim=True), 0.0)
+        return inverse_cdf_draw(probs, self._uniforms(seqs))
+
+    def _uniforms(self, seqs: list[Sequence]) -> torch.Tensor:
+        u = torch.rand(len(seqs), generator=self.generator, dtype=torch.float64)
+        for i, s in enumerate(seqs):
+            if s.generator is not None:
+                u[i] = torch.rand(1, generator=s.generator, dtype=torch.float64)[0]
+        return u
+
+
+def _gather_logprobs(raw_lp, rows, seqs, tokens) -> list[SampledLogprobs | None]:
+    idx = torch.tensor(rows)
+    chosen = raw_lp.gather(1, tokens[idx][:, None]).squeeze(1).tolist()
+    k = max(seqs[i].sampling.logprobs for i in rows)
+    top_v = top_i = None
+    if k:
+        top_v, top_i = raw_lp.topk(k, dim=-1)
+        top_v, top_i = top_v.tolist(), top_i.tolist()
+    out: list[SampledLogprobs | None] = [None] * len(seqs)
+    for j, i in enumerate(rows):
+        kk = seqs[i].sampling.logprobs
+        out[i] = SampledLogprobs(chosen[j], list(zip(top_i[j][:kk], top_v[j][:kk])) if kk else [])
+    return out
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> None:
+    """OpenAI presence/frequency penalties over generated tokens; HF-style repetition
+    penalty over prompt and generated tokens. In place on `logits[rows]`."""
+    vocab = logits.shape[1]
+    sub_seqs = [seqs[i] for i in rows]
+    idx = torch.tensor(rows)
+    sub = logits[idx]
+    counts = _token_counts([s.output_token_ids for s in sub_seqs], vocab)
+    freq = torch.tensor([s.sampling.frequency_penalty for s in sub_seqs])[:, None]
+    pres = torch.tensor([s.sampling.presence_penalty for s in sub_seqs])[:, None]
+    sub -= counts * freq + (counts > 0).float() * pres
+    reps = [s.sampling.repetition_penalty for s in sub_seqs]
+    if any(r != 1.0 for r in reps):
+        seen = (counts > 0) | (_token_counts([s.prompt_token_ids for s in sub_seqs], vocab) > 0)
+        rep = torch.tensor(reps)[:, None].expand_as(sub)
+        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    logits[idx] = sub
+
+
+def _token_counts(lists: list[list[int]], vocab: int) -> torch.Tensor:
+    width = max((len(t) for t in lists), default=0)
+    counts = torch.zeros(len(lists), vocab + 1)
+    if width:
+        padded = torch.tensor([t + [vocab] * (width - len(t)) for t in lists], dtype=torch.long)
+        counts.scatter_add_(1, padded, torch.ones(padded.shape))
+    return counts[:, :vocab]
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> None:
+    """Mask (to -inf) tokens outside each row's top-k, then outside the nucleus of what
+    is left (renormalised over the top-k, as HF and vLLM do). In place.
+
+    Only the best `C` tokens per row are examined (C = the largest k, at least 64 when
+    some row uses top_p); a top_p row whose C best tokens do not reach p is sorted whole.
+    """
+    vocab = logits.shape[1]
+    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks])
+    ps = torch.tensor(top_ps, dtype=logits.dtype)
+    has_k, has_p = ks < vocab, ps < 1.0
+    widths = [k for k in top_ks if 0 < k < vocab] + ([_NUCLEUS_CANDIDATES] if bool(has_p.any()) else [])
+    width = min(vocab, max(widths))
+    values, indices = logits.topk(width, dim=-1)
+    in_k = torch.arange(width)[None, :] < ks[:, None]
+    kept_vals = values.masked_fill(~in_k, -float("inf"))
+    lse = torch.where(
+        has_k[:, None],
+        torch.logsumexp(kept_vals, dim=-1, keepdim=True),
+        torch.logsumexp(logits, dim=-1, keepdim=True),
+    )
+    probs = (kept_vals - lse).exp()
+    cum = probs.cumsum(dim=-1)
+    in_p = ((cum - probs) < ps[:, None]) | ~has_p[:, None]
+    keep = in_k & in_p
+    keep[:, 0] = True
+    needs_sort = has_p & ~has_k & (cum[:, -1] < ps)
+    active = (has_k | has_p) & ~needs_sort
+    if bool(active.any()):
+        rows = active.nonzero().squeeze(1)
+        filtered = torch.full((len(rows), vocab), -float("inf"), dtype=logits.dtype)
+        filtered.scatter_(1, indices[rows], torch.where(keep[rows], values[rows], -float("inf")))
+        logits[rows] = filtered
+    for i in needs_sort.nonzero().squeeze(1).tolist():
+        sorted_l, order = logits[i].sort(descending=True)
+        p = sorted_l.softmax(dim=-1)
+        n_keep = max(1, int(((p.cumsum(0) - p) < top_ps[i]).sum()))
+        logits[i, order[n_keep:]] = -float("inf")
+
+
+def inverse_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    cdf = probs.double().cumsum_(dim=-1)
+    target = uniforms[:, None] * cdf[:, -1:]
+    out = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return out.clamp_(max=probs.shape[1] - 1)

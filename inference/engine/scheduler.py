@@ -1,0 +1,185 @@
+"""Iteration-level continuous batching with chunked prefill, priorities and preemption.
+
+Every step gets a budget of `max_num_batched_tokens`. Running sequences are
+served first, best-ranked first: a decoding sequence takes one token, one
+still in prefill takes a chunk of what is left of the budget. Then waiting
+sequences are admitted in rank order, each starting after its prefix-cache
+hit, while the budget, the running-sequence cap and the KV blocks allow.
+
+When a running sequence cannot get a block, the worst-ranked running sequence
+is preempted by recompute: its blocks are released (full ones stay in the
+prefix cache, so re-admission usually hits them) and it returns to the
+waiting queue keeping its generated tokens. A waiting sequence that strictly
+outranks the worst running one may preempt it to get a seat or blocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from inference.engine.block_manager import BlockManager
+from inference.engine.scheduler_policy import PriorityPolicy
+from inference.engine.sequence import Sequence, SeqStatus
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+    def _add(self, seq: Sequence, n: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(n)
+
+    def _remove(self, seq: Sequence) -> int:
+        i = self.seqs.index(seq)
+        del self.seqs[i]
+        return self.num_new_tokens.pop(i)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: PriorityPolicy,
+    ) -> None:
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = policy
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []  # kept sorted best-first during schedule()
+        self.requests: dict[str, Sequence] = {}
+        self.num_preemptions = 0
+        self._counter = itertools.count()
+
+    # ---- request lifecycle ------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self.requests:
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        seq.order = next(self._counter)
+        seq.status = SeqStatus.WAITING
+        self.requests[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire a sequence (stop, length or abort) and free its blocks at once."""
+        if self.requests.pop(seq.request_id, None) is None:
+            return
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.bm.free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = time.time()
+
+    def abort(self, request_id: str) -> Sequence | None:
+        seq = self.requests.get(request_id)
+        if seq is not None:
+            self.finish(seq, "abort")
+        return seq
+
+    # ---- one step ---------------------------------------------------------------------------
+    def schedule(self, now: float | None = None) -> ScheduledBatch:
+        now = time.time() if now is None else now
+        key = self.policy.sort_key(now)
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        self.running.sort(key=key)
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._grow_or_preempt(seq, n, batch):
+                break  # `seq` itself was the worst and got preempted
+            batch._add(seq, n)
+            budget -= n
+            i += 1
+
+        if not batch.preempted:  # memory is tight when anyone was preempted: admit nobody new
+            self.waiting.sort(key=key)
+            while self.waiting and budget > 0 and self.waiting[0] not in batch.preempted:
+                n = self._admit(self.waiting[0], budget, now, key, batch)
+                if n == 0:
+                    break  # head-of-line: a lower-ranked request does not jump the queue
+                budget -= n
+        return batch
+
+    def _grow_or_preempt(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        while not self.bm.allocate(seq, n):
+            victim = self.running[-1]
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, seq: Sequence, budget: int, now: float, key, batch: ScheduledBatch) -> int:
+        """Admit the best waiting sequence; return the tokens scheduled for it (0: not admitted)."""
+        while len(self.running) >= self.max_num_seqs:
+            if not self._preempt_worse(seq, now, batch):
+                return 0
+            budget = self.max_num_batched_tokens - batch.num_tokens
+        prefix = self.bm.match_prefix(seq)
+        cached = len(prefix) * self.bm.block_size
+        n = min(seq.num_tokens - cached, budget)
+        while not self.bm.can_allocate(seq, n, prefix):
+            if not self._preempt_worse(seq, now, batch):
+                return 0
+            budget = self.max_num_batched_tokens - batch.num_tokens
+            n = min(seq.num_tokens - cached, budget)
+        self.bm.allocate(seq, n, prefix)
+        seq.num_computed_tokens = cached
+        if not seq.admitted:  # billing counts the first admission's hit only
+            seq.admitted = True
+            seq.cached_tokens = min(cached, seq.num_prompt_tokens)
+            seq.first_scheduled_time = now
+            self.bm.record_query(query_tokens=seq.num_prompt_tokens, hit_tokens=seq.cached_tokens)
+        self.waiting.pop(0)
+        seq.status = SeqStatus.RUNNING
+        bisect.insort(self.running, seq, key=key)
+        batch._add(seq, n)
+        return n
+
+    def _preempt_worse(self, seq: Sequence, now: float, batch: ScheduledBatch) -> bool:
+        if not self.running or not self.policy.outranks(seq, self.running[-1], now):
+            return False
+        self._preempt(self.running[-1], batch)
+        return True
+
+    def _preempt(self, victim: Sequence, batch: ScheduledBatch) -> None:
+        if victim in batch.seqs:
+            batch._remove(victim)
+        self.running.remove(victim)
+        self.bm.free(victim)
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        victim.status = SeqStatus.WAITING
+        self.waiting.append(victim)
+        batch.preempted.append(victim)
+        self.num_preemptions += 1
+
+    def postprocess(self, batch: ScheduledBatch) -> None:
+        """After the model ran: the scheduled tokens are in the KV cache now."""
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.bm.cache_full_blocks(seq)

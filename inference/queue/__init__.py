@@ -1,0 +1,55 @@
+"""Job queues between the web process and the workers (CONTRACTS section 4).
+
+    from inference.queue import get_job_queue, Job, QueueFull
+    q = get_job_queue()   # Redis when settings.REDIS_URL is set, else in-process
+
+Semantics: base.JobQueue. Pull policy: selection.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .base import JobQueue, QueueFull, ReapResult
+from .job import Job
+
+__all__ = ["Job", "JobQueue", "QueueFull", "ReapResult", "get_job_queue", "reset_job_queue"]
+
+_queue: JobQueue | None = None
+_lock = threading.Lock()
+
+
+def _build() -> JobQueue:
+    from django.conf import settings
+
+    from .selection import DbTierWeights
+
+    options = {
+        "weights": DbTierWeights(),
+        "max_depth": getattr(settings, "QUEUE_MAX_DEPTH", 0),
+        "heartbeat_timeout": getattr(settings, "WORKER_HEARTBEAT_TIMEOUT_S", 10.0),
+    }
+    if settings.REDIS_URL:
+        from .redis_backend import RedisJobQueue
+
+        return RedisJobQueue(url=settings.REDIS_URL, prefix=getattr(settings, "QUEUE_KEY_PREFIX", "llmq"), **options)
+    from .memory import MemoryJobQueue
+
+    return MemoryJobQueue(**options)
+
+
+def get_job_queue() -> JobQueue:
+    """The process-wide queue client (built on first use, thread-safe)."""
+    global _queue
+    if _queue is None:
+        with _lock:
+            if _queue is None:
+                _queue = _build()
+    return _queue
+
+
+def reset_job_queue() -> None:
+    """Forget the singleton so the next call rebuilds it from settings (tests)."""
+    global _queue
+    with _lock:
+        _queue = None

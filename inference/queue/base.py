@@ -1,0 +1,127 @@
+"""The JobQueue contract, shared by the in-process and the Redis backend.
+
+A job moves through three states:
+
+  queued  - on its (model, tier) queue, in its tenant's FIFO sub-queue;
+  leased  - taken by one worker (`lease`), which owns it until `complete`.
+            A lease carries a `started` flag, set (`mark_started`) before the
+            worker sends the job's first event to the client;
+  gone    - completed, dropped by `cancel` while queued, or failed by the reaper.
+
+Workers prove they are alive with `heartbeat` (stored with a TTL of
+`heartbeat_timeout`). `reap_dead_workers` takes every lease of a worker whose
+heartbeat expired: unstarted jobs go back to the FRONT of their queues (nothing
+reached the client, so another worker may run them from scratch), started jobs
+are handed back as `ReapResult.failed` for the caller to finish with an error
+event and a usage record (inference.worker.reaper does both). A reaped worker
+that was only slow, not dead, learns it from its next `heartbeat` (returns
+False) and must drop everything it holds without sending anything more.
+
+Cancelling a leased job only signals its worker (`take_cancellations`), which
+aborts it in the engine within one step. Cancelling a queued job removes it at
+once and parks it on a per-model "dropped" list; a worker of that model takes
+it (`take_dropped`) and ends it with an "abort" event and a zero-token usage
+record, so every request still ends in exactly one done event and one record.
+
+The pull order is inference.queue.selection: weighted round-robin across
+tiers, round-robin across tenants inside a tier.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.errors import ServiceUnavailable
+
+from .job import Job
+
+
+class QueueFull(ServiceUnavailable):
+    """The (model, tier) queue is at its bound; the API answers 503 (or 429)."""
+
+    code = "queue_full"
+
+
+@dataclass
+class ReapResult:
+    dead_workers: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)  # request ids put back at the front
+    failed: list[tuple[str, Job]] = field(default_factory=list)  # (worker id, started job)
+
+
+class JobQueue(abc.ABC):
+    heartbeat_timeout: float  # seconds without a heartbeat before a worker counts as dead
+
+    # ------------------------------------------------------------ web side
+    @abc.abstractmethod
+    def enqueue(self, job: Job) -> None:
+        """Queue `job` at the tail of its tenant's sub-queue. Raises QueueFull,
+        or ValueError when a job with this request_id is already known."""
+
+    @abc.abstractmethod
+    def cancel(self, request_id: str) -> str:
+        """Client went away. Returns "dropped" (was queued: removed now),
+        "signalled" (leased: its worker aborts it within a step) or "unknown"."""
+
+    @abc.abstractmethod
+    def depths(self, model: str) -> dict[str, int]:
+        """Queued (not leased) jobs per tier for `model`; tiers with none may be absent."""
+
+    def depth(self, model: str, tier: str) -> int:
+        return int(self.depths(model).get(tier, 0))
+
+    @abc.abstractmethod
+    def live_workers(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Latest heartbeat payload of each worker younger than the timeout
+        (all models when `model` is None). [] means nobody serves the model."""
+
+    # ------------------------------------------------------------ worker side
+    @abc.abstractmethod
+    def lease(self, worker_id: str, model: str, max_jobs: int) -> list[Job]:
+        """Take up to `max_jobs` queued jobs of `model` in policy order and lease
+        them to `worker_id`. Returns [] while the worker is marked reaped."""
+
+    @abc.abstractmethod
+    def wait_for_work(self, model: str, timeout: float) -> bool:
+        """Block up to `timeout` seconds until `model` may have queued or dropped
+        jobs. A hint only: callers lease afterwards and may find nothing."""
+
+    @abc.abstractmethod
+    def mark_started(self, worker_id: str, request_ids: list[str]) -> set[str]:
+        """Flag leases as started; returns the ids the worker still owns."""
+
+    @abc.abstractmethod
+    def complete(self, worker_id: str, request_id: str) -> bool:
+        """Release a finished job. False if the worker no longer owned it."""
+
+    @abc.abstractmethod
+    def take_cancellations(self, worker_id: str) -> set[str]:
+        """Request ids of this worker's leases that clients cancelled (cleared)."""
+
+    @abc.abstractmethod
+    def take_dropped(self, model: str, limit: int = 100) -> list[Job]:
+        """Jobs of `model` cancelled while queued, to be ended with an abort event."""
+
+    @abc.abstractmethod
+    def heartbeat(self, worker_id: str, model: str, info: dict[str, Any]) -> bool:
+        """Record that the worker is alive (TTL heartbeat_timeout). False means it
+        had been reaped: it owns nothing any more and must drop all its work."""
+
+    @abc.abstractmethod
+    def unregister(self, worker_id: str) -> ReapResult:
+        """Clean exit: forget the heartbeat and reap whatever the worker still holds."""
+
+    @abc.abstractmethod
+    def reap_dead_workers(self) -> ReapResult:
+        """Requeue (front) unstarted and hand back started leases of dead workers.
+        Each dead worker's leases are processed atomically, exactly once."""
+
+    @abc.abstractmethod
+    def leases(self, worker_id: str) -> dict[str, bool]:
+        """Request id -> started flag for the worker's current leases."""
+
+    @abc.abstractmethod
+    def flush(self) -> None:
+        """Forget everything (tests)."""

@@ -1,0 +1,47 @@
+"""Reads for tenants, tiers and API keys. Every key read is scoped to one tenant."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from tenants.models import ApiKey, Tenant, Tier
+
+
+def tier_get(*, name: str) -> Tier | None:
+    return Tier.objects.filter(name=name).first()
+
+
+def tenant_get(*, slug: str) -> Tenant | None:
+    return Tenant.objects.select_related("tier").filter(slug=slug).first()
+
+
+def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
+    return ApiKey.objects.filter(tenant=tenant).select_related("created_by").order_by("-created_at", "-pk")
+
+
+def api_key_get(*, tenant: Tenant, key_id: int | str) -> ApiKey | None:
+    """The tenant's key with this id, or None (also for other tenants' ids and non-numeric ids)."""
+    text = str(key_id)
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        return None
+    pk = int(text)
+    return api_key_list(tenant=tenant).filter(pk=pk).first()
+
+
+def api_key_find(*, reference: str) -> ApiKey | None:
+    """Operator lookup (commands): an id, a stored prefix `sk-xxxxxxxxxx`, or a full key."""
+    reference = reference.strip()
+    if reference.isascii() and reference.isdigit():
+        return ApiKey.objects.filter(pk=int(reference)).first() if len(reference) < 19 else None
+    parts = reference.split("-")
+    if len(parts) >= 2 and parts[0] == "sk":
+        return ApiKey.objects.filter(prefix=f"sk-{parts[1]}").first()
+    return None
+
+
+def api_key_status(*, api_key: ApiKey, now=None) -> str:
+    if api_key.revoked_at is not None:
+        return "revoked"
+    if not api_key.is_usable(now):
+        return "expired"
+    return "active"

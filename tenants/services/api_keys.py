@@ -1,0 +1,255 @@
+"""API keys: create, revoke, and verify the `Authorization: Bearer <key>` header.
+
+Format: ``sk-<public id>-<secret>``, e.g. ``sk-3fq9x0k2mz-<43 base62 chars>``.
+The public id (stored in ``ApiKey.prefix`` as ``sk-<id>``) names the row; the
+secret (~256 bits from ``secrets``) is shown once and only its HMAC-SHA-256
+under ``settings.API_KEY_PEPPER`` is stored. Verification looks the row up by
+prefix and compares digests in constant time. Nothing is cached, so a revoked
+or expired key, or a suspended tenant, is refused on the very next request.
+
+``last_used_at`` is written at most once per ``LAST_USED_RESOLUTION`` per key:
+a request only issues an UPDATE when the loaded value is older than that, and
+the UPDATE itself is conditional, so concurrent requests do not pile up writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import string
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from inference.errors import AuthenticationError, InvalidRequest, PermissionDenied
+from tenants.models import ApiKey, Tenant, Tier
+
+KEY_SCHEME = "sk"
+PUBLIC_ID_ALPHABET = string.ascii_lowercase + string.digits
+PUBLIC_ID_LENGTH = 10
+SECRET_ALPHABET = string.ascii_letters + string.digits
+SECRET_LENGTH = 43  # 43 * log2(62) ~ 256 bits
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+# Anything longer than a key plus a scheme is refused before any parsing work.
+MAX_AUTHORIZATION_LENGTH = 256
+
+_KEY_RE = re.compile(rf"{KEY_SCHEME}-([a-z0-9]{{{PUBLIC_ID_LENGTH}}})-([A-Za-z0-9]{{{SECRET_LENGTH}}})")
+_AUTH_HEADER_HINT = "Authorization: Bearer YOUR_API_KEY"
+_WWW_AUTHENTICATE = {"WWW-Authenticate": 'Bearer realm="api"'}
+
+
+@dataclass(frozen=True)
+class AuthContext:
+    """What an authenticated request carries (request.auth in DRF views)."""
+
+    tenant: Tenant
+    tier: Tier
+    api_key: ApiKey
+
+
+@dataclass(frozen=True)
+class NewApiKey:
+    api_key: ApiKey
+    key: str  # the plaintext key; shown to the caller once, never stored
+
+
+def _now() -> datetime:
+    return timezone.now()
+
+
+def _unauthorized(message: str) -> AuthenticationError:
+    return AuthenticationError(message, headers=dict(_WWW_AUTHENTICATE))
+
+
+# ---------------------------------------------------------------- hashing and format
+def api_key_hash(*, secret: str) -> str:
+    """HMAC-SHA-256 of the secret under the server-side pepper, hex."""
+    return hmac.new(settings.API_KEY_PEPPER.encode(), secret.encode(), hashlib.sha256).hexdigest()
+
+
+def api_key_parse(*, key: str) -> tuple[str, str] | None:
+    """Split a key into (stored prefix, secret), or None if it is not one of ours."""
+    match = _KEY_RE.fullmatch(key)
+    if match is None:
+        return None
+    return f"{KEY_SCHEME}-{match.group(1)}", match.group(2)
+
+
+def _generate_key() -> tuple[str, str]:
+    public_id = "".join(secrets.choice(PUBLIC_ID_ALPHABET) for _ in range(PUBLIC_ID_LENGTH))
+    secret = "".join(secrets.choice(SECRET_ALPHABET) for _ in range(SECRET_LENGTH))
+    return f"{KEY_SCHEME}-{public_id}", secret
+
+
+def bearer_token(*, authorization: str | None) -> str:
+    """The token of an `Authorization: Bearer <token>` value; 401 for anything else."""
+    if authorization is None or not authorization.strip():
+        raise _unauthorized(
+            "You didn't provide an API key. Provide it in an Authorization header using Bearer auth "
+            f"({_AUTH_HEADER_HINT})."
+        )
+    if len(authorization) > MAX_AUTHORIZATION_LENGTH:
+        raise _unauthorized(f"Malformed Authorization header. Expected {_AUTH_HEADER_HINT}.")
+    parts = authorization.split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        raise _unauthorized(f"Malformed Authorization header. Expected {_AUTH_HEADER_HINT}.")
+    return parts[1]
+
+
+# ---------------------------------------------------------------- create / revoke
+def _validated_scopes(scopes: list[str] | None) -> list[str]:
+    scopes = list(scopes or [])
+    unknown = [scope for scope in scopes if scope not in ApiKey.ALL_SCOPES]
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown scope {unknown[0]!r}; valid scopes: {', '.join(ApiKey.ALL_SCOPES)}.", param="scopes"
+        )
+    return sorted(set(scopes))
+
+
+def api_key_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: list[str] | None = None,
+    expires_at: datetime | None = None,
+    created_by=None,
+) -> NewApiKey:
+    """Create a key; the plaintext is in the result and nowhere else. Empty scopes = all scopes."""
+    name = (name or "").strip()
+    if not name:
+        raise InvalidRequest("A key needs a name.", param="name")
+    if len(name) > ApiKey._meta.get_field("name").max_length:
+        raise InvalidRequest("The key name is too long (at most 100 characters).", param="name")
+    if expires_at is not None and expires_at <= _now():
+        raise InvalidRequest("expires_at must be in the future.", param="expires_at")
+    api_key = ApiKey(
+        tenant=tenant, name=name, scopes=_validated_scopes(scopes), expires_at=expires_at, created_by=created_by
+    )
+    return NewApiKey(api_key=api_key, key=api_key_issue(api_key=api_key))
+
+
+def api_key_issue(*, api_key: ApiKey) -> str:
+    """Draw key material for an unsaved ApiKey (tenant, name, scopes... set), save it, return the plaintext.
+
+    The admin's add form uses this directly; everything else goes through api_key_create.
+    """
+    for _attempt in range(5):  # a prefix collision (~2^-51 per pair) just draws again
+        prefix, secret = _generate_key()
+        api_key.prefix, api_key.last_four, api_key.secret_hash = prefix, secret[-4:], api_key_hash(secret=secret)
+        try:
+            with transaction.atomic():
+                api_key.save(force_insert=True)
+        except IntegrityError:
+            if ApiKey.objects.filter(prefix=prefix).exists():
+                api_key.pk = None
+                continue
+            raise
+        return f"{prefix}-{secret}"
+    raise RuntimeError("could not draw a unique API key prefix")
+
+
+def api_key_create_for(*, creator: ApiKey, name: str, scopes: list[str] | None = None,
+                       expires_at: datetime | None = None) -> NewApiKey:
+    """A key creating a key for its own tenant: never more scopes than the creator has."""
+    creator_scopes = creator.scopes or list(ApiKey.ALL_SCOPES)
+    requested = _validated_scopes(scopes) or list(creator_scopes)
+    extra = [scope for scope in requested if scope not in creator_scopes]
+    if extra:
+        raise PermissionDenied(
+            f"This key cannot grant the scope {extra[0]!r}, which it does not have itself.",
+            param="scopes",
+            code="insufficient_scope",
+        )
+    if sorted(requested) == sorted(ApiKey.ALL_SCOPES):
+        requested = []  # store "all" the canonical way
+    return api_key_create(tenant=creator.tenant, name=name, scopes=requested, expires_at=expires_at)
+
+
+def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    """Revoke now (idempotent: a second call keeps the first revocation time)."""
+    ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=_now())
+    api_key.refresh_from_db(fields=["revoked_at"])
+    return api_key
+
+
+def api_key_require_scope(*, api_key: ApiKey, scope: str) -> None:
+    if not api_key.has_scope(scope):
+        raise PermissionDenied(
+            f"This API key lacks the scope {scope!r}.", code="insufficient_scope"
+        )
+
+
+# ---------------------------------------------------------------- verify
+def _lookup_queryset():
+    return ApiKey.objects.select_related("tenant__tier")
+
+
+def _check(api_key: ApiKey | None, secret: str, now: datetime) -> AuthContext:
+    """Constant-time secret check, then state checks (only for the key's holder)."""
+    expected = api_key.secret_hash if api_key is not None else "0" * 64
+    matches = hmac.compare_digest(api_key_hash(secret=secret), expected)
+    if api_key is None or not matches:
+        raise _unauthorized("Incorrect API key provided.")
+    if api_key.revoked_at is not None:
+        raise _unauthorized("This API key has been revoked.")
+    if api_key.expires_at is not None and api_key.expires_at <= now:
+        raise _unauthorized("This API key has expired.")
+    tenant = api_key.tenant
+    if not tenant.is_active:
+        raise PermissionDenied(
+            f"The tenant {tenant.slug!r} is suspended; contact the operator.", code="tenant_suspended"
+        )
+    return AuthContext(tenant=tenant, tier=tenant.tier, api_key=api_key)
+
+
+def _parse_or_401(key: str) -> tuple[str, str]:
+    parsed = api_key_parse(key=key)
+    if parsed is None:
+        raise _unauthorized("Malformed API key. Keys look like sk-xxxxxxxxxx-... (see /v1/keys).")
+    return parsed
+
+
+def _touch_filter(api_key: ApiKey, now: datetime):
+    threshold = now - LAST_USED_RESOLUTION
+    if api_key.last_used_at is not None and api_key.last_used_at >= threshold:
+        return None
+    return ApiKey.objects.filter(pk=api_key.pk).filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=threshold))
+
+
+def api_key_verify(*, key: str) -> AuthContext:
+    """The AuthContext for a plaintext key; AuthenticationError (401) / PermissionDenied (403)."""
+    prefix, secret = _parse_or_401(key)
+    now = _now()
+    context = _check(_lookup_queryset().filter(prefix=prefix).first(), secret, now)
+    pending = _touch_filter(context.api_key, now)
+    if pending is not None:
+        pending.update(last_used_at=now)
+        context.api_key.last_used_at = now
+    return context
+
+
+async def aapi_key_verify(*, key: str) -> AuthContext:
+    prefix, secret = _parse_or_401(key)
+    now = _now()
+    context = _check(await _lookup_queryset().filter(prefix=prefix).afirst(), secret, now)
+    pending = _touch_filter(context.api_key, now)
+    if pending is not None:
+        await pending.aupdate(last_used_at=now)
+        context.api_key.last_used_at = now
+    return context
+
+
+def api_key_authenticate(*, authorization: str | None) -> AuthContext:
+    """Authenticate an Authorization header value (contract section 5)."""
+    return api_key_verify(key=bearer_token(authorization=authorization))
+
+
+async def aapi_key_authenticate(*, authorization: str | None) -> AuthContext:
+    return await aapi_key_verify(key=bearer_token(authorization=authorization))

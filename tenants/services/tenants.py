@@ -1,0 +1,51 @@
+"""Tenant lifecycle: create, change tier, suspend, reactivate, memberships."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils.text import slugify
+
+from inference.errors import InvalidRequest
+from tenants.models import Membership, Tenant, Tier
+
+
+def tenant_create(*, slug: str, name: str, tier: Tier, monthly_spend_limit_micros: int = 0) -> Tenant:
+    if slugify(slug) != slug or not slug:
+        raise InvalidRequest(f"Invalid slug {slug!r}: use lowercase letters, digits and hyphens.", param="slug")
+    if Tenant.objects.filter(slug=slug).exists():
+        raise InvalidRequest(f"A tenant with slug {slug!r} already exists.", param="slug")
+    if monthly_spend_limit_micros < 0:
+        raise InvalidRequest("The spend limit cannot be negative.", param="monthly_spend_limit_micros")
+    return Tenant.objects.create(
+        slug=slug, name=name.strip() or slug, tier=tier, monthly_spend_limit_micros=monthly_spend_limit_micros
+    )
+
+
+def tenant_change_tier(*, tenant: Tenant, tier: Tier) -> Tenant:
+    """Takes effect on the tenant's next request (auth reads the tier every time)."""
+    if tenant.tier_id != tier.pk:
+        tenant.tier = tier
+        tenant.save(update_fields=["tier"])
+    return tenant
+
+
+def tenant_suspend(*, tenant: Tenant) -> Tenant:
+    """Its keys get 403 from the next request on."""
+    if tenant.status != Tenant.Status.SUSPENDED:
+        tenant.status = Tenant.Status.SUSPENDED
+        tenant.save(update_fields=["status"])
+    return tenant
+
+
+def tenant_reactivate(*, tenant: Tenant) -> Tenant:
+    if tenant.status != Tenant.Status.ACTIVE:
+        tenant.status = Tenant.Status.ACTIVE
+        tenant.save(update_fields=["status"])
+    return tenant
+
+
+@transaction.atomic
+def membership_ensure(*, user, tenant: Tenant, role: str = Membership.Role.MEMBER) -> Membership:
+    """Idempotent: an existing membership keeps its role."""
+    membership, _created = Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": role})
+    return membership

@@ -1,0 +1,81 @@
+"""Shared fixtures: tiers, tenants, API keys, the served-model row, an API client.
+
+Keep this small; area-specific fixtures belong in tests/<area>/conftest.py.
+Models are imported inside fixtures so suites that do not use Django (engine,
+kernels) do not pay for it.
+"""
+
+import itertools
+
+import pytest
+
+_seq = itertools.count(1)
+
+
+@pytest.fixture
+def tier_factory(db):
+    from tenants.models import Tier
+
+    def make(name: str | None = None, **fields):
+        fields.setdefault("allowed_models", ["*"])
+        return Tier.objects.create(name=name or f"tier-{next(_seq)}", **fields)
+
+    return make
+
+
+@pytest.fixture
+def tenant_factory(db, tier_factory):
+    from tenants.models import Tenant
+
+    def make(slug: str | None = None, tier=None, **fields):
+        slug = slug or f"tenant-{next(_seq)}"
+        return Tenant.objects.create(slug=slug, name=fields.pop("name", slug), tier=tier or tier_factory(), **fields)
+
+    return make
+
+
+@pytest.fixture
+def api_key_factory(db, tenant_factory):
+    """make(tenant=None, name="test", scopes=None, expires_at=None) -> NewApiKey (.api_key, .key plaintext)."""
+    from tenants.services.api_keys import api_key_create
+
+    def make(tenant=None, name: str = "test", **fields):
+        return api_key_create(tenant=tenant or tenant_factory(), name=name, **fields)
+
+    return make
+
+
+@pytest.fixture
+def tier(tier_factory):
+    return tier_factory()
+
+
+@pytest.fixture
+def tenant(tenant_factory, tier):
+    return tenant_factory(tier=tier)
+
+
+@pytest.fixture
+def api_key(api_key_factory, tenant):
+    """A NewApiKey with all scopes for `tenant`; `.key` is the plaintext."""
+    return api_key_factory(tenant=tenant)
+
+
+@pytest.fixture
+def served_model(db):
+    """The SmolLM2 ServedModel row, as `manage.py bootstrap` creates it."""
+    from tenants.services.bootstrap import served_model_ensure
+
+    return served_model_ensure()[0]
+
+
+@pytest.fixture
+def api_client():
+    from rest_framework.test import APIClient
+
+    return APIClient()
+
+
+def bearer(key: str) -> dict:
+    """Request kwargs for Django/DRF test clients: client.get(url, **bearer(key))."""
+    return {"HTTP_AUTHORIZATION": f"Bearer {key}"}

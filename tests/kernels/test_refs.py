@@ -1,0 +1,177 @@
+"""The PyTorch references (the CPU production path) against plain float64 math."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.activation import silu_and_mul_ref
+from kernels.dispatch import get_ops, select_backend
+from kernels.kv_store import store_kv_ref
+from kernels.paged_decode_attention import paged_decode_attention_ref
+from kernels.prefill_attention import paged_prefill_attention_ref
+from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from kernels.rotary import build_cos_sin_cache, rotary_embedding_ref
+from tests.kernels.paged_cases import make_paged_case, naive_attention
+
+ATTN_TOL = {torch.float32: 2e-5, torch.bfloat16: 2.5e-2}
+HEADS = [(4, 4), (6, 2), (8, 2), (9, 3)]  # Hq/Hkv ratios 1, 3, 4, 3
+
+
+def _close(actual, expected, tol):
+    diff = (actual.double().cpu() - expected.double().cpu()).abs().max().item()
+    assert diff <= tol, f"max abs diff {diff} > {tol}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("block_size", [16, 8])
+def test_decode_attention_matches_dense(dtype, heads, block_size):
+    seq_lens = [1, 15, 16, 17, 33, 70]
+    case = make_paged_case([1] * len(seq_lens), seq_lens, *heads, 32, block_size, dtype, seed=1)
+    out = paged_decode_attention_ref(
+        case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale
+    )
+    assert out.shape == case.q.shape and out.dtype == dtype
+    _close(out, naive_attention(case), ATTN_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", HEADS)
+def test_prefill_attention_matches_dense_mixed_batch(dtype, heads):
+    # whole prompt, chunk on a cached prefix, decodes, a chunk ending mid-block
+    q_lens = [19, 5, 1, 1, 16, 1, 7]
+    seq_lens = [19, 37, 1, 50, 48, 17, 23]
+    case = make_paged_case(q_lens, seq_lens, *heads, 32, 16, dtype, seed=2)
+    out = paged_prefill_attention_ref(
+        case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
+        case.seq_lens, case.scale, case.max_query_len, case.max_seq_len,
+    )
+    assert out.shape == case.q.shape and out.dtype == dtype
+    _close(out, naive_attention(case), ATTN_TOL[dtype])
+
+
+def test_prefill_single_decode_and_all_decode_paths():
+    for q_lens, seq_lens in (([1], [9]), ([1, 1, 1], [3, 40, 16]), ([3, 1], [3, 21])):
+        case = make_paged_case(q_lens, seq_lens, 6, 2, 16, 16, torch.float32, seed=3)
+        out = paged_prefill_attention_ref(
+            case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
+            case.seq_lens, case.scale, case.max_query_len, case.max_seq_len,
+        )
+        _close(out, naive_attention(case), 2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_writes_slots_and_skips_negative(dtype):
+    blocks, bs, hkv, d = 5, 4, 2, 8
+    k_cache = torch.zeros(blocks, bs, hkv, d, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    key = torch.randn(6, hkv, d).to(dtype)
+    value = torch.randn(6, hkv, d).to(dtype)
+    slots = torch.tensor([0, 7, -1, 19, 4, -1], dtype=torch.int64)
+    store_kv_ref(key, value, k_cache, v_cache, slots)
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            assert torch.equal(k_cache[s // bs, s % bs], key[t])
+            assert torch.equal(v_cache[s // bs, s % bs], value[t])
+    assert int((k_cache.flatten(0, 1).abs().sum((1, 2)) != 0).sum()) == 4
+    assert int((v_cache.flatten(0, 1).abs().sum((1, 2)) != 0).sum()) == 4
+
+
+def _rms64(x, w, eps):
+    xd = x.double()
+    return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("shape", [(1, 576), (7, 100), (33, 64)])
+def test_rms_norm_and_fused_add(dtype, tol, shape):
+    x = torch.randn(shape).to(dtype)
+    r = torch.randn(shape).to(dtype)
+    w = (torch.rand(shape[1]) + 0.5).to(dtype)
+    _close(rms_norm_ref(x, w, 1e-6), _rms64(x, w, 1e-6), tol * 2)
+    out, new_res = fused_add_rms_norm_ref(x, r, w, 1e-6)
+    assert torch.equal(new_res, x + r)
+    _close(out, _rms64(new_res, w, 1e-6), tol * 2)
+    assert out.dtype == dtype and new_res.dtype == dtype
+
+
+def test_rotary_matches_complex_rotation_and_hf_layout():
+    head_dim, theta = 16, 10000.0
+    cache = build_cos_sin_cache(head_dim, 64, theta, "cpu")
+    assert cache.shape == (64, head_dim) and cache.dtype == torch.float32
+    positions = torch.tensor([0, 3, 17, 63, 5])
+    q = torch.randn(5, 6, head_dim)
+    k = torch.randn(5, 2, head_dim)
+    q_out, k_out = rotary_embedding_ref(positions, q, k, cache)
+    half = head_dim // 2
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2).double() / head_dim)
+    ang = positions.double()[:, None] * inv[None]  # [T, half]
+    for x, y in ((q, q_out), (k, k_out)):
+        z = torch.complex(x[..., :half].double(), x[..., half:].double())
+        rot = z * torch.polar(torch.ones_like(ang), ang)[:, None, :]
+        expected = torch.cat((rot.real, rot.imag), dim=-1)
+        _close(y, expected, 1e-5)
+    # position 0 is the identity
+    assert torch.allclose(q_out[0], q[0])
+
+
+def test_rotary_bfloat16_close_to_float32():
+    cache = build_cos_sin_cache(64, 4096, 100000.0, "cpu")
+    positions = torch.randint(0, 4096, (11,))
+    q, k = torch.randn(11, 9, 64), torch.randn(11, 3, 64)
+    qf, kf = rotary_embedding_ref(positions, q, k, cache)
+    qb, kb = rotary_embedding_ref(positions, q.bfloat16(), k.bfloat16(), cache)
+    assert qb.dtype == torch.bfloat16
+    _close(qb, qf, 3e-2)
+    _close(kb, kf, 3e-2)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+def test_silu_and_mul(dtype, tol):
+    x = torch.randn(13, 2 * 37).to(dtype)
+    xd = x.double()
+    expected = F.silu(xd[:, :37]) * xd[:, 37:]
+    out = silu_and_mul_ref(x)
+    assert out.shape == (13, 37) and out.dtype == dtype
+    _close(out, expected, tol * 4)
+
+
+def test_dispatch_picks_refs_on_cpu(monkeypatch):
+    monkeypatch.delenv("KERNELS_BACKEND", raising=False)
+    ops = get_ops(torch.device("cpu"))
+    assert ops.backend == "ref"
+    assert ops.paged_decode_attention is paged_decode_attention_ref
+    assert ops.store_kv is store_kv_ref
+    monkeypatch.setenv("KERNELS_BACKEND", "ref")
+    assert select_backend("cuda") == "ref"
+    monkeypatch.setenv("KERNELS_BACKEND", "bogus")
+    with pytest.raises(ValueError):
+        select_backend("cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_bucketed_large_mixed_batch(dtype):
+    gen = torch.Generator().manual_seed(5)
+    seq_lens = torch.randint(1, 140, (40,), generator=gen).tolist()
+    case = make_paged_case([1] * 40, seq_lens, 6, 2, 16, 16, dtype, seed=4)
+    from kernels.paged_decode_attention import plan_buckets
+
+    buckets = plan_buckets(seq_lens, 16)
+    assert len(buckets) > 1 and sorted(i for b in buckets for i in b) == list(range(40))
+    out = paged_decode_attention_ref(
+        case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale
+    )
+    _close(out, naive_attention(case), ATTN_TOL[dtype])
+
+
+def test_plan_buckets_keeps_uniform_batches_whole():
+    assert plan_buckets_of([512] * 64) == 1
+    assert plan_buckets_of(list(range(128, 640, 8))) > 1
+
+
+def plan_buckets_of(lens):
+    from kernels.paged_decode_attention import plan_buckets
+
+    return len(plan_buckets(lens, 16))
