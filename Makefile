@@ -26,7 +26,7 @@ migrate: install
 	DEBUG=$${DEBUG-1} $(PY) manage.py migrate --noinput
 
 bootstrap: migrate
-	DEBUG=$${DEBUG-1} $(PY) manage.py bootstrap
+	DEBUG=$${DEBUG-1} BASE_URL=http://$(HOST):$(PORT) $(PY) manage.py bootstrap
 
 run: bootstrap
 	@echo "Serving on http://$(HOST):$(PORT)  (admin: http://$(HOST):$(PORT)/admin/)"

@@ -22,8 +22,8 @@ def healthz(request):
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
             cursor.fetchone()
-    except DatabaseError:
-        logger.exception("health check: database unavailable")
+    except DatabaseError as exc:
+        logger.warning("health check: database unavailable: %s", exc)
         return JsonResponse({"status": "error", "database": "unavailable"}, status=503)
     return JsonResponse({"status": "ok"})
 

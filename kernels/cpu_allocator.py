@@ -28,6 +28,8 @@ _done: bool | None = None
 def tune_cpu_allocator() -> bool:
     """Apply the settings once; returns whether they are in effect."""
     global _done
+    if _done is not None:
+        return _done
     with _lock:
         if _done is not None:
             return _done

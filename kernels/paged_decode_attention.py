@@ -10,6 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels._triton import (
+    check, check_model_dtype, check_same_device, dot_dtype, dot_precision, jit, kernel_for, next_pow2, tl,
+)
 from kernels._utils import check_kv_cache, gather_blocks
 
 
@@ -117,4 +120,196 @@ def paged_decode_attention_ref(
             scale,
         )
         out.index_copy_(0, idx, part)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Triton: split-KV (flash-decoding) with all query heads of a KV head sharing
+# each K/V tile load, then a log-sum-exp merge of the splits.
+# ---------------------------------------------------------------------------
+
+_LOG2E = 1.4426950408889634
+
+
+@jit
+def _paged_decode_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    scale_log2,
+    stride_qb, stride_qh,
+    stride_cb, stride_cs, stride_ch,
+    stride_bt,
+    stride_ob, stride_oh,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+
+    # This split's token range, in whole tiles; trailing splits may be empty.
+    tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
+    tiles_per_split = (tiles + NUM_SPLITS - 1) // NUM_SPLITS
+    start = split * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
+
+    rows = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, BLOCK_D)
+    row_ok = rows < GROUP
+    dim_ok = dims < HEAD_DIM
+    heads = kv_head * GROUP + rows
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
+    ).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for tile_start in range(start, end, BLOCK_N):
+        pos = tile_start + offs_n
+        tok_ok = pos < end
+        block_ids = tl.load(
+            block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=tok_ok, other=0
+        ).to(tl.int64)
+        kv_off = (
+            block_ids[:, None] * stride_cb + (pos % BLOCK_SIZE)[:, None] * stride_cs
+            + kv_head * stride_ch + dims[None, :]
+        )
+        kv_mask = tok_ok[:, None] & dim_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.where(tok_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # P is rounded to the cache dtype for the second product, as on the GPU.
+        pv = tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    result = acc / safe_l[:, None]
+    out_mask = row_ok[:, None] & dim_ok[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+            result.to(out_ptr.dtype.element_ty), mask=out_mask,
+        )
+    else:
+        tl.store(
+            part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps
+            + dims[None, :],
+            result, mask=out_mask,
+        )
+        # log2-domain log-sum-exp of this split; -inf when the split is empty
+        lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))
+        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=row_ok)
+
+
+@jit
+def _paged_decode_merge_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, BLOCK_D)
+    split_ok = splits < NUM_SPLITS
+    lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + splits, mask=split_ok,
+                  other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    weights = tl.exp2(lse - top)  # empty splits weigh 0
+    weights = weights / tl.sum(weights, axis=0)
+    parts = tl.load(
+        part_out_ptr + b * stride_pb + h * stride_ph + splits[:, None] * stride_ps + dims[None, :],
+        mask=split_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0,
+    )
+    merged = tl.sum(parts * weights[:, None], axis=0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + dims, merged.to(out_ptr.dtype.element_ty),
+             mask=dims < HEAD_DIM)
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_blocks: int, block_size: int,
+                      device: torch.device) -> int:
+    """Enough programs to fill the GPU, never a split shorter than 256 tokens.
+
+    Depends only on shapes (block table width, not the live lengths), so it
+    needs no device sync and stays fixed for a captured graph.
+    """
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        sms = 4
+    want = -(-2 * sms // max(1, batch * num_kv_heads))
+    most = max(1, (max_blocks * block_size) // 256)
+    return int(max(1, min(want, most, 64)))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Triton launcher; same contract as ``paged_decode_attention_ref``."""
+    check_kv_cache(k_cache, v_cache)
+    device = check_same_device(q, k_cache, v_cache, block_tables, seq_lens)
+    check(q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}")
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    check(cache_dim == head_dim, f"q head_dim {head_dim} != cache head_dim {cache_dim}")
+    check(num_heads % num_kv_heads == 0, f"Hq {num_heads} is not a multiple of Hkv {num_kv_heads}")
+    check(q.dtype == k_cache.dtype, f"q is {q.dtype} but the cache is {k_cache.dtype}")
+    check_model_dtype("q", q)
+    check(q.stride(2) == 1, "q head_dim must be contiguous")
+    check(block_tables.dim() == 2 and block_tables.shape[0] == batch, "block_tables must be [B, M]")
+    check(block_tables.dtype == torch.int32 and block_tables.stride(1) == 1, "block_tables must be int32, rows contiguous")
+    check(seq_lens.shape == (batch,) and seq_lens.dtype == torch.int32, "seq_lens must be int32 [B]")
+    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=device)
+    if batch == 0:
+        return out
+    group = num_heads // num_kv_heads
+    splits = num_splits or choose_num_splits(batch, num_kv_heads, block_tables.shape[1], block_size, device)
+    block_d = max(16, next_pow2(head_dim))
+    if splits > 1:
+        part_out = torch.empty((batch, num_heads, splits, head_dim), dtype=torch.float32, device=device)
+        part_lse = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=device)
+    else:
+        part_out = out.new_empty((1, 1, 1, 1), dtype=torch.float32)
+        part_lse = out.new_empty((1, 1, 1), dtype=torch.float32)
+    kernel_for(_paged_decode_attention_kernel, device)[(batch, num_kv_heads, splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+        float(scale) * _LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=splits,
+        BLOCK_G=max(16, next_pow2(group)), BLOCK_N=64, BLOCK_D=block_d,
+        DOT_DTYPE=dot_dtype(q.dtype, device), DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=4,
+    )
+    if splits > 1:
+        kernel_for(_paged_decode_merge_kernel, device)[(batch, num_heads)](
+            part_out, part_lse, out,
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), BLOCK_D=block_d,
+        )
     return out

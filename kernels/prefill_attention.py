@@ -12,6 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels._triton import (
+    check, check_model_dtype, check_same_device, dot_dtype, dot_precision, jit, kernel_for, next_pow2,
+    tl, triton,
+)
 from kernels._utils import check_kv_cache, gather_blocks
 from kernels.paged_decode_attention import paged_decode_attention_ref
 
@@ -96,4 +100,133 @@ def paged_prefill_attention_ref(
         )
     if starts[-1] < q.shape[0]:
         out[starts[-1]:] = 0  # padding rows past the last sequence
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Triton: flash attention over the paged cache, one program per (query tile,
+# sequence, query head), K/V tiles gathered through the block table.
+# ---------------------------------------------------------------------------
+
+_LOG2E = 1.4426950408889634
+
+
+@jit
+def _paged_prefill_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_ptr, seq_lens_ptr, out_ptr,
+    scale_log2,
+    stride_qt, stride_qh,
+    stride_cb, stride_cs, stride_ch,
+    stride_bt,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    head = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + b)
+    q_len = tl.load(query_start_ptr + b + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    first_pos = seq_len - q_len  # position of this sequence's first new token
+    kv_head = head // GROUP
+
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    row_ok = rows < q_len
+    dim_ok = dims < HEAD_DIM
+    tokens = (q_start + rows).to(tl.int64)
+    q = tl.load(
+        q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
+    ).to(DOT_DTYPE)
+    q_pos = first_pos + rows
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # Keys past the tile's last query position are never visible.
+    kv_end = tl.minimum(seq_len, first_pos + (tile + 1) * BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    for tile_start in range(0, kv_end, BLOCK_N):
+        pos = tile_start + offs_n
+        tok_ok = pos < kv_end
+        block_ids = tl.load(
+            block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=tok_ok, other=0
+        ).to(tl.int64)
+        kv_off = (
+            block_ids[:, None] * stride_cb + (pos % BLOCK_SIZE)[:, None] * stride_cs
+            + kv_head * stride_ch + dims[None, :]
+        )
+        kv_mask = tok_ok[:, None] & dim_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
+        visible = tok_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        # Key 0 is visible to every row, so m_new is finite from the first tile on.
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        pv = tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    result = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
+        result.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :],
+    )
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+) -> torch.Tensor:
+    """Triton launcher; same contract as ``paged_prefill_attention_ref``."""
+    check_kv_cache(k_cache, v_cache)
+    device = check_same_device(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
+    check(q.dim() == 3, f"q must be [T, Hq, D], got {tuple(q.shape)}")
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    check(cache_dim == head_dim, f"q head_dim {head_dim} != cache head_dim {cache_dim}")
+    check(num_heads % num_kv_heads == 0, f"Hq {num_heads} is not a multiple of Hkv {num_kv_heads}")
+    check(q.dtype == k_cache.dtype, f"q is {q.dtype} but the cache is {k_cache.dtype}")
+    check_model_dtype("q", q)
+    check(q.stride(2) == 1, "q head_dim must be contiguous")
+    batch = seq_lens.shape[0]
+    check(seq_lens.dim() == 1 and seq_lens.dtype == torch.int32, "seq_lens must be int32 [B]")
+    check(query_start_loc.shape == (batch + 1,) and query_start_loc.dtype == torch.int32,
+          "query_start_loc must be int32 [B + 1]")
+    check(block_tables.dim() == 2 and block_tables.shape[0] == batch, "block_tables must be [B, M]")
+    check(block_tables.dtype == torch.int32 and block_tables.stride(1) == 1, "block_tables must be int32, rows contiguous")
+    check(max_query_len >= 0 and max_seq_len >= 0, "max_query_len/max_seq_len must be >= 0")
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    if num_tokens == 0 or batch == 0 or max_query_len == 0:
+        return out
+    block_m = 16 if max_query_len <= 16 else (32 if max_query_len <= 32 else 64)
+    grid = (triton.cdiv(max_query_len, block_m), batch, num_heads)
+    kernel_for(_paged_prefill_attention_kernel, device)[grid](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+        float(scale) * _LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=max(16, next_pow2(head_dim)),
+        DOT_DTYPE=dot_dtype(q.dtype, device), DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=4,
+    )
     return out

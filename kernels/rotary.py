@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels._triton import check, check_model_dtype, check_same_device, jit, kernel_for, next_pow2, tl
+
 
 def build_cos_sin_cache(
     head_dim: int, max_pos: int, theta: float, device: torch.device | str | None = None
@@ -41,3 +43,71 @@ def rotary_embedding_ref(
     cs = cos_sin_cache.index_select(0, positions.long()).unsqueeze(1)  # [T, 1, D]
     cos, sin = cs[..., :half], cs[..., half:]
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+@jit
+def _rotary_embedding_kernel(
+    pos_ptr, q_ptr, k_ptr, cache_ptr, q_out_ptr, k_out_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh,
+    stride_qot, stride_qoh, stride_kot, stride_koh, stride_cache,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    # One program per token: rotate every query and key head of that token.
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    dims = tl.arange(0, BLOCK_HALF)
+    dmask = dims < HALF
+    cos = tl.load(cache_ptr + pos * stride_cache + dims, mask=dmask, other=0.0)[None, :]
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + dims, mask=dmask, other=0.0)[None, :]
+
+    hq = tl.arange(0, BLOCK_HQ)[:, None]
+    qmask = (hq < NUM_Q_HEADS) & dmask[None, :]
+    src = q_ptr + t * stride_qt + hq * stride_qh + dims[None, :]
+    x1 = tl.load(src, mask=qmask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=qmask, other=0.0).to(tl.float32)
+    dst = q_out_ptr + t * stride_qot + hq * stride_qoh + dims[None, :]
+    tl.store(dst, (x1 * cos - x2 * sin).to(q_out_ptr.dtype.element_ty), mask=qmask)
+    tl.store(dst + HALF, (x2 * cos + x1 * sin).to(q_out_ptr.dtype.element_ty), mask=qmask)
+
+    hk = tl.arange(0, BLOCK_HK)[:, None]
+    kmask = (hk < NUM_KV_HEADS) & dmask[None, :]
+    src = k_ptr + t * stride_kt + hk * stride_kh + dims[None, :]
+    y1 = tl.load(src, mask=kmask, other=0.0).to(tl.float32)
+    y2 = tl.load(src + HALF, mask=kmask, other=0.0).to(tl.float32)
+    dst = k_out_ptr + t * stride_kot + hk * stride_koh + dims[None, :]
+    tl.store(dst, (y1 * cos - y2 * sin).to(k_out_ptr.dtype.element_ty), mask=kmask)
+    tl.store(dst + HALF, (y2 * cos + y1 * sin).to(k_out_ptr.dtype.element_ty), mask=kmask)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton launcher; same contract as ``rotary_embedding_ref`` (returns new tensors)."""
+    device = check_same_device(positions, q, k, cos_sin_cache)
+    check(q.dim() == 3 and k.dim() == 3, "q and k must be [T, H, D]")
+    num_tokens, hq, dim = q.shape
+    check(k.shape[0] == num_tokens and k.shape[2] == dim, f"k {tuple(k.shape)} does not match q {tuple(q.shape)}")
+    check(dim % 2 == 0, "head_dim must be even")
+    check(positions.shape == (num_tokens,), "positions must be [T]")
+    check(positions.dtype in (torch.int64, torch.int32), "positions must be an integer tensor")
+    check(cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == dim, f"cos_sin_cache must be [max_pos, {dim}]")
+    check(cos_sin_cache.dtype == torch.float32 and cos_sin_cache.stride(1) == 1, "cos_sin_cache must be contiguous float32")
+    check(q.stride(2) == 1 and k.stride(2) == 1, "q/k head_dim must be contiguous")
+    check_model_dtype("q", q)
+    check(k.dtype == q.dtype, "q and k must share a dtype")
+    q_out = torch.empty((num_tokens, hq, dim), dtype=q.dtype, device=device)
+    k_out = torch.empty((num_tokens, k.shape[1], dim), dtype=k.dtype, device=device)
+    if num_tokens:
+        kernel_for(_rotary_embedding_kernel, device)[(num_tokens,)](
+            positions, q, k, cos_sin_cache, q_out, k_out,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+            cos_sin_cache.stride(0),
+            NUM_Q_HEADS=hq, NUM_KV_HEADS=k.shape[1], HALF=dim // 2,
+            BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(k.shape[1]), BLOCK_HALF=next_pow2(dim // 2),
+        )
+    return q_out, k_out

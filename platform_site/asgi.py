@@ -8,6 +8,13 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from django.conf import settings  # noqa: E402
+
+if settings.DEBUG:  # `make run`: admin CSS/JS from the app finders; production serves STATIC_ROOT via nginx
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+    django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from inference.routing import websocket_urlpatterns  # noqa: E402

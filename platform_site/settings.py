@@ -127,6 +127,8 @@ ENGINE_MAX_NUM_SEQS = int(os.environ.get("ENGINE_MAX_NUM_SEQS", "64"))
 QUEUE_KEY_PREFIX = os.environ.get("QUEUE_KEY_PREFIX", "llmq")
 QUEUE_MAX_DEPTH = int(os.environ.get("QUEUE_MAX_DEPTH", "10000"))
 WORKER_HEARTBEAT_TIMEOUT_S = float(os.environ.get("WORKER_HEARTBEAT_TIMEOUT_S", "10"))
+# API streams (SSE): a `: keep-alive` comment after this many idle seconds.
+SSE_KEEPALIVE_S = float(os.environ.get("SSE_KEEPALIVE_S", "15"))
 CELERY_BEAT_SCHEDULE = {
     "reap-dead-workers": {"task": "inference.tasks.reap_dead_workers", "schedule": 5.0, "options": {"expires": 5.0}},
 }

@@ -64,7 +64,9 @@ class ChangeTierForm(forms.Form):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("name", "slug", "tier", "status", "spend_limit_usd", "active_keys", "cache_share_group", "created_at")
+    list_display = (
+        "name", "slug", "tier", "status", "spend_limit_usd", "active_keys", "cache_share_group", "created_at",
+    )
     list_filter = ("status", "tier", "created_at")
     search_fields = ("name", "slug")
     list_select_related = ("tier",)
@@ -165,7 +167,9 @@ class ApiKeyForm(forms.ModelForm):
 class ApiKeyAdmin(admin.ModelAdmin):
     form = ApiKeyForm
     exclude = ("secret_hash",)
-    list_display = ("name", "redacted", "tenant", "key_status", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at")
+    list_display = (
+        "name", "redacted", "tenant", "key_status", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at",
+    )
     list_filter = (ApiKeyStatusFilter, "tenant__tier", "created_at")
     search_fields = ("name", "prefix", "tenant__slug", "tenant__name")
     list_select_related = ("tenant", "created_by")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from django.conf import settings
@@ -23,7 +24,12 @@ from inference.errors import ApiError, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
-KEEPALIVE_S = 15.0
+LIVENESS_INTERVAL_S = 5.0  # while idle, how often to check that a worker still serves the model
+
+
+def keepalive_s() -> float:
+    """Idle seconds between keep-alive ticks (settings.SSE_KEEPALIVE_S, default 15)."""
+    return float(getattr(settings, "SSE_KEEPALIVE_S", 15.0))
 
 
 class EngineFailed(ApiError):
@@ -62,6 +68,7 @@ class JobRun:
         self.done: dict | None = None
         self.cancelled = False
         self._pending: asyncio.Future | None = None
+        self._next_liveness = time.monotonic() + LIVENESS_INTERVAL_S
 
     async def __aenter__(self) -> "JobRun":
         return self
@@ -100,12 +107,13 @@ class JobRun:
                 self.done = message
             return message
 
-    async def events(self, *, idle_s: float = KEEPALIVE_S) -> AsyncIterator[dict | None]:
+    async def events(self, *, idle_s: float | None = None) -> AsyncIterator[dict | None]:
         """Yield events until `engine.done` (included); None on every `idle_s` without one.
 
         While idle, a job whose model has no live worker left (separate worker
         processes only) is cancelled and ends with a 503 instead of waiting forever.
         """
+        idle_s = idle_s or keepalive_s()
         while self.done is None:
             event = await self.next_event(idle_s)
             if event is None:
@@ -115,6 +123,10 @@ class JobRun:
     async def _liveness_check(self) -> None:
         if settings.EMBEDDED_WORKER or self.cancelled:
             return
+        now = time.monotonic()
+        if now < self._next_liveness:
+            return
+        self._next_liveness = now + LIVENESS_INTERVAL_S
         from inference.queue import get_job_queue
 
         try:

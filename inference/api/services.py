@@ -24,7 +24,6 @@ INLINE_TOKENIZE_CHARS = 8192
 INFERENCE_SCOPE = "inference"
 
 _tokenizers_loaded: set[str] = set()
-_embedded_started = False
 
 
 @dataclass(slots=True)
@@ -195,16 +194,16 @@ def job_build(*, prepared: PreparedRequest, reply_channel: str):
 
 
 async def _capacity_check(model: str) -> None:
-    global _embedded_started
     if settings.EMBEDDED_WORKER:
-        if not _embedded_started:
-            from inference.worker.embedded import ensure_embedded_worker
+        # Called on the event loop on purpose: it records this loop, on which the
+        # engine thread delivers in-memory channel-layer events. Idempotent and
+        # cheap after the first call (the engine itself loads in its thread).
+        from inference.worker.embedded import ensure_embedded_worker
 
-            try:
-                await asyncio.to_thread(ensure_embedded_worker)
-            except Exception as exc:
-                raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
-            _embedded_started = True
+        try:
+            ensure_embedded_worker(model)
+        except Exception as exc:
+            raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
         return
     from inference.queue import get_job_queue
 
@@ -221,8 +220,8 @@ async def ajob_submit(*, prepared: PreparedRequest):
     """Check capacity and enqueue; returns the JobRun to read events from (use `async with`)."""
     from channels.layers import get_channel_layer
 
-    from inference.api.events import JobRun
-    from inference.queue import get_job_queue
+    from inference.api.events import JobRun, job_cancel
+    from inference.queue import QueueFull, get_job_queue
 
     await _capacity_check(prepared.model.name)
     layer = get_channel_layer()
@@ -234,10 +233,11 @@ async def ajob_submit(*, prepared: PreparedRequest):
             queue.enqueue(job)  # in-process: a lock and a notify
         else:
             await asyncio.to_thread(queue.enqueue, job)
-    except Exception as exc:
-        if type(exc).__name__ == "QueueFull":
-            raise ServiceUnavailable(
-                "The queue for this model and tier is full. Please retry later.", code="queue_full", headers={"Retry-After": "2"}
-            ) from exc
+    except QueueFull as exc:
+        raise ServiceUnavailable(
+            "The queue for this model and tier is full. Please retry later.", code="queue_full", headers={"Retry-After": "2"}
+        ) from exc
+    except asyncio.CancelledError:
+        job_cancel(request_id=job.request_id)  # the client left while the enqueue was in flight
         raise
     return JobRun(layer=layer, channel=reply_channel, request_id=prepared.request_id, model=prepared.model.name)

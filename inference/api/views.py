@@ -10,7 +10,7 @@ bodies stay the same as every other view.
 Streaming sends `data: {chunk}\\n\\n` events: a first chat chunk with the role,
 content deltas, a chunk with `finish_reason`, a usage chunk (`choices: []`)
 when `stream_options.include_usage`, then `data: [DONE]`. `: keep-alive`
-comments go out every `KEEPALIVE_S` while the engine is quiet (e.g. queued).
+comments go out every `SSE_KEEPALIVE_S` (15 s) while the engine is quiet (e.g. queued).
 An error after the stream began is one `data: {"error": {...}}` event.
 """
 
@@ -25,7 +25,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from inference.api.events import KEEPALIVE_S, JobRun, done_error
+from inference.api.events import JobRun, done_error
 from inference.api.parsing import MAX_BODY_BYTES, json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
 from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse
@@ -75,7 +75,7 @@ async def _collect(run: JobRun, builder: ResponseBuilder) -> dict:
     texts: list[str] = []
     logprobs: list[dict] = []
     async with run:
-        async for event in run.events(idle_s=KEEPALIVE_S):
+        async for event in run.events():
             if event is not None and event.get("type") == "engine.delta":
                 texts.append(event.get("text") or "")
                 if event.get("logprobs"):
@@ -98,7 +98,7 @@ async def _stream(run: JobRun, builder: ResponseBuilder) -> AsyncIterator[bytes]
             first = builder.role_chunk()
             if first is not None:
                 yield _sse(first)
-            async for event in run.events(idle_s=KEEPALIVE_S):
+            async for event in run.events():
                 if event is None:
                     yield b": keep-alive\n\n"
                 elif event.get("type") == "engine.delta":

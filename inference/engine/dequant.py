@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from .packed_linear import Int4Groups
+
 QK_K = 256
 
 SUPPORTED_TYPES = (
@@ -122,6 +124,28 @@ def dequantize(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | int
     if values.numel() != numel:
         raise ValueError(f"{qtype.name}: got {values.numel()} values, expected {numel} for shape {shape}")
     return values.reshape(shape).to(dtype)
+
+
+def int4_groups(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | int,
+                shape: tuple[int, int]) -> Int4Groups | None:
+    """The 4-bit codes, scales and zeros of a Q4_0/Q4_1 matrix (None for any other type).
+
+    Q4_0: x = d*(q-8)      -> scale d, zero 0
+    Q4_1: x = d*q + m      -> scale d, zero m + 8d   (so that x = (q-8)*scale + zero)
+    """
+    qtype = GGMLQuantizationType(qtype)
+    if qtype not in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1) or len(shape) != 2:
+        return None
+    rows, cols = shape
+    block_values, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = _as_byte_tensor(raw).reshape(-1, type_size)
+    groups = cols // block_values
+    d = _f16(blocks, 0).view(rows, groups)
+    if qtype == GGMLQuantizationType.Q4_0:
+        codes, zeros = _nibbles(blocks[:, 2:]), torch.zeros_like(d)
+    else:
+        codes, zeros = _nibbles(blocks[:, 4:]), _f16(blocks, 2).view(rows, groups) + 8.0 * d
+    return Int4Groups(codes.reshape(rows, cols), d, zeros)
 
 
 def _as_byte_tensor(raw: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,8 @@ from .model_config import ModelConfig
 if TYPE_CHECKING:  # torch is imported lazily: the tokenizer reads headers in processes that need no torch
     import torch
 
+    from .packed_linear import Int4Groups
+
 GGUF_MAGIC = b"GGUF"
 
 _SCALAR_FORMATS = {
@@ -169,41 +171,67 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
             .transpose(1, 2).reshape(rows, *rest).contiguous())
 
 
-def load_gguf(path: str | Path, *, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(config, state_dict in LlamaForCausalLM's parameter names) on the CPU, in `dtype`."""
+def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False
+              ) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Int4Groups]]:
+    """(config, state_dict in LlamaForCausalLM's parameter names on the CPU in `dtype`, packed groups).
+
+    With `int4`, the third item maps each Linear (e.g. "layers.0.mlp.gate_up_proj") whose source
+    tensors are all Q4_0/Q4_1 to its exact 4-bit groups (see packed_linear); otherwise it is empty.
+    """
     import torch
 
-    from .dequant import dequantize
+    from .dequant import dequantize, int4_groups
+    from .packed_linear import Int4Groups
 
     metadata, infos = read_gguf_header(path)
     config = config_from_gguf_metadata(metadata, set(infos))
     permuted = metadata["general.architecture"] in _PERMUTED_QK_ARCHITECTURES
     tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
 
-    def get(name: str) -> torch.Tensor:
-        tensor = tensors.get(name)
-        if tensor is None:
+    def tensor(name: str):
+        found = tensors.get(name)
+        if found is None:
             raise GGUFFormatError(f"{path}: tensor {name} is missing")
-        return dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type), infos[name][0], dtype)
+        return found
+
+    def get(name: str, heads: int | None = None) -> torch.Tensor:
+        t = tensor(name)
+        value = dequantize(t.data, GGMLQuantizationType(t.tensor_type), infos[name][0], dtype)
+        return unpermute_qk(value, heads) if heads and permuted else value
+
+    def groups(names: list[str], heads: list[int | None]) -> Int4Groups | None:
+        parts = []
+        for name, head_count in zip(names, heads):
+            t = tensor(name)
+            part = int4_groups(t.data, GGMLQuantizationType(t.tensor_type), infos[name][0])
+            if part is None:
+                return None
+            parts.append(part.map_rows(lambda x, h=head_count: unpermute_qk(x, h)) if head_count and permuted
+                         else part)
+        return Int4Groups.cat(parts)
 
     state: dict[str, torch.Tensor] = {"embed_tokens.weight": get("token_embd.weight"),
                                       "norm.weight": get("output_norm.weight")}
     if not config.tie_word_embeddings:
         state["lm_head.weight"] = get("output.weight")
+    packed: dict[str, Int4Groups] = {}
     for i in range(config.num_layers):
         blk, out = f"blk.{i}", f"layers.{i}"
-        q, k, v = get(f"{blk}.attn_q.weight"), get(f"{blk}.attn_k.weight"), get(f"{blk}.attn_v.weight")
-        if permuted:
-            q, k = unpermute_qk(q, config.num_heads), unpermute_qk(k, config.num_kv_heads)
-        state[f"{out}.self_attn.qkv_proj.weight"] = torch.cat((q, k, v))
+        fused = {  # our Linear -> its GGUF sources, with the head count to unpermute Q/K rows by
+            f"{out}.self_attn.qkv_proj": ([f"{blk}.attn_q", f"{blk}.attn_k", f"{blk}.attn_v"],
+                                          [config.num_heads, config.num_kv_heads, None]),
+            f"{out}.self_attn.o_proj": ([f"{blk}.attn_output"], [None]),
+            f"{out}.mlp.gate_up_proj": ([f"{blk}.ffn_gate", f"{blk}.ffn_up"], [None, None]),
+            f"{out}.mlp.down_proj": ([f"{blk}.ffn_down"], [None]),
+        }
+        for linear, (sources, heads) in fused.items():
+            state[f"{linear}.weight"] = torch.cat([get(f"{s}.weight", h) for s, h in zip(sources, heads)])
+            if int4 and (found := groups([f"{s}.weight" for s in sources], heads)) is not None:
+                packed[linear] = found
         if config.attention_bias:
-            qb, kb, vb = get(f"{blk}.attn_q.bias"), get(f"{blk}.attn_k.bias"), get(f"{blk}.attn_v.bias")
-            if permuted:
-                qb, kb = unpermute_qk(qb, config.num_heads), unpermute_qk(kb, config.num_kv_heads)
-            state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat((qb, kb, vb))
-        state[f"{out}.self_attn.o_proj.weight"] = get(f"{blk}.attn_output.weight")
-        state[f"{out}.mlp.gate_up_proj.weight"] = torch.cat((get(f"{blk}.ffn_gate.weight"), get(f"{blk}.ffn_up.weight")))
-        state[f"{out}.mlp.down_proj.weight"] = get(f"{blk}.ffn_down.weight")
+            state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat(
+                (get(f"{blk}.attn_q.bias", config.num_heads), get(f"{blk}.attn_k.bias", config.num_kv_heads),
+                 get(f"{blk}.attn_v.bias")))
         state[f"{out}.input_layernorm.weight"] = get(f"{blk}.attn_norm.weight")
         state[f"{out}.post_attention_layernorm.weight"] = get(f"{blk}.ffn_norm.weight")
-    return config, state
+    return config, state, packed

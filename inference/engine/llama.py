@@ -5,7 +5,8 @@ per-step AttentionMetadata says which tokens belong to which sequence and
 where their keys/values live. Norms, rotary embeddings, the SwiGLU activation
 and attention go through `kernels.dispatch.get_ops(device)`; the model itself
 only holds weights and runs the matmuls. Q/K/V and gate/up are fused into one
-Linear each, so a layer is four matmuls.
+Linear each, so a layer is four matmuls. Those Linears may also carry a packed
+4-bit copy of their weight for few-row (decode) inputs; see packed_linear.
 
 Parameter names (what the loaders produce):
   embed_tokens.weight, norm.weight, lm_head.weight (absent when tied),
@@ -25,6 +26,7 @@ from kernels.dispatch import get_ops
 from .attention import PagedAttention
 from .attention_metadata import AttentionMetadata
 from .model_config import ModelConfig
+from .packed_linear import Linear
 
 
 class RMSNorm(nn.Module):
@@ -39,8 +41,8 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, cos_sin: torch.Tensor,
@@ -56,8 +58,8 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, hidden: torch.Tensor, ops) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))

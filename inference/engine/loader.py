@@ -9,6 +9,7 @@ import torch
 from .gguf_loader import load_gguf
 from .llama import LlamaForCausalLM
 from .model_config import ModelConfig
+from .packed_linear import Int4Groups, int4_supported
 from .registry import ModelSource, resolve_model
 from .safetensors_loader import load_safetensors
 from .tokenizer import Tokenizer, load_tokenizer
@@ -40,26 +41,37 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}") from None
 
 
-def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device) -> LlamaForCausalLM:
-    """Instantiate without initialising weights, then adopt the loaded tensors."""
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device,
+                packed: dict[str, Int4Groups] | None = None) -> LlamaForCausalLM:
+    """Instantiate without initialising weights, adopt the loaded tensors, attach packed int4 copies."""
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    for name, groups in (packed or {}).items():
+        model.get_submodule(name).attach_int4(groups)
+    return model
 
 
 def load_model(name_or_path: str, *, dtype: torch.dtype | str = torch.bfloat16,
-               device: torch.device | str = "cpu") -> LoadedModel:
+               device: torch.device | str = "cpu", int4_decode: bool = True) -> LoadedModel:
+    """Load weights (dequantised to `dtype`) onto `device`, with the model's tokenizer.
+
+    `int4_decode`: on the CPU in bf16/fp16, also keep Q4_0/Q4_1 GGUF weights packed for few-row
+    matmuls (decode); no effect in float32 or on other devices.
+    """
     source = resolve_model(name_or_path)
     dtype, device = resolve_dtype(dtype), torch.device(device)
+    packed: dict[str, Int4Groups] = {}
     if source.kind == "gguf":
-        config, state = load_gguf(source.path, dtype=dtype)
+        config, state, packed = load_gguf(source.path, dtype=dtype,
+                                          int4=int4_decode and int4_supported(device, dtype))
     elif source.kind == "safetensors":
         config, state = load_safetensors(source.path, dtype=dtype)
     else:
         raise ValueError(f"unknown model source kind {source.kind!r}")
-    model = build_model(config, state, device)
+    model = build_model(config, state, device, packed)
     try:
         tokenizer = load_tokenizer(name_or_path)
     except FileNotFoundError:

@@ -38,6 +38,7 @@ class Sampler:
         self.eos_token_id = eos_token_id
         self.generator = torch.Generator().manual_seed(seed)
 
+    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         logits = logits.float()
         lp_rows = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]

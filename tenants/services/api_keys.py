@@ -125,6 +125,8 @@ def api_key_create(
     name = (name or "").strip()
     if not name:
         raise InvalidRequest("A key needs a name.", param="name")
+    if not name.isprintable():
+        raise InvalidRequest("The key name may not contain control characters.", param="name")
     if len(name) > ApiKey._meta.get_field("name").max_length:
         raise InvalidRequest("The key name is too long (at most 100 characters).", param="name")
     if expires_at is not None and expires_at <= _now():

@@ -12,6 +12,8 @@ from tenants.models import Membership, Tenant, Tier
 def tenant_create(*, slug: str, name: str, tier: Tier, monthly_spend_limit_micros: int = 0) -> Tenant:
     if slugify(slug) != slug or not slug:
         raise InvalidRequest(f"Invalid slug {slug!r}: use lowercase letters, digits and hyphens.", param="slug")
+    if not name.isprintable():
+        raise InvalidRequest("The tenant name may not contain control characters.", param="name")
     if Tenant.objects.filter(slug=slug).exists():
         raise InvalidRequest(f"A tenant with slug {slug!r} already exists.", param="slug")
     if monthly_spend_limit_micros < 0:

@@ -167,13 +167,18 @@ def test_created_keys_never_exceed_creator_scopes(api_key_factory, tenant):
 @pytest.mark.django_db(transaction=True)
 async def test_async_twin(api_key_factory):
     from asgiref.sync import sync_to_async
+    from django.db import connections
 
-    new = await sync_to_async(api_key_factory)()
-    context = await aapi_key_authenticate(authorization=f"Bearer {new.key}")
-    assert context.api_key.pk == new.api_key.pk
-    assert context.tenant.slug == new.api_key.tenant.slug and context.tier.name
-    with pytest.raises(AuthenticationError):
-        await aapi_key_authenticate(authorization=None)
-    await sync_to_async(api_key_revoke)(api_key=new.api_key)
-    with pytest.raises(AuthenticationError, match="revoked"):
-        await aapi_key_authenticate(authorization=f"Bearer {new.key}")
+    try:
+        new = await sync_to_async(api_key_factory)()
+        context = await aapi_key_authenticate(authorization=f"Bearer {new.key}")
+        assert context.api_key.pk == new.api_key.pk
+        assert context.tenant.slug == new.api_key.tenant.slug and context.tier.name
+        assert context.api_key.last_used_at is not None
+        with pytest.raises(AuthenticationError):
+            await aapi_key_authenticate(authorization=None)
+        await sync_to_async(api_key_revoke)(api_key=new.api_key)
+        with pytest.raises(AuthenticationError, match="revoked"):
+            await aapi_key_authenticate(authorization=f"Bearer {new.key}")
+    finally:
+        await sync_to_async(connections.close_all)()  # the ORM thread's connection, before the test DB is dropped

@@ -64,9 +64,12 @@ def test_create_with_expiry(api_client, api_key):
 
 @pytest.mark.parametrize(
     "payload, param",
-    [({}, "name"), ({"name": ""}, "name"), ({"name": "x" * 101}, "name"), ({"name": "x", "scopes": ["root"]}, "scopes"),
-     ({"name": "x", "scopes": "inference"}, "scopes"), ({"name": "x", "expires_at": 1}, "expires_at"),
-     ({"name": "x", "expires_at": "soon"}, "expires_at"), ({"name": "x", "expires_at": 10**30}, "expires_at")],
+    [
+        ({}, "name"), ({"name": ""}, "name"), ({"name": "nul\x00byte"}, "name"), ({"name": "bell\x07"}, "name"),
+        ({"name": "x" * 101}, "name"), ({"name": "x", "scopes": ["root"]}, "scopes"),
+        ({"name": "x", "scopes": "inference"}, "scopes"), ({"name": "x", "expires_at": 1}, "expires_at"),
+        ({"name": "x", "expires_at": "soon"}, "expires_at"), ({"name": "x", "expires_at": 10**30}, "expires_at"),
+    ],
 )
 def test_create_invalid_input_is_400(api_client, api_key, payload, param):
     response = api_client.post("/v1/keys", payload, format="json", **bearer(api_key.key))

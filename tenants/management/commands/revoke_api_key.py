@@ -22,4 +22,5 @@ class Command(BaseCommand):
         already = api_key.revoked_at is not None
         api_key = api_key_revoke(api_key=api_key)
         state = "was already revoked" if already else "revoked"
-        self.stdout.write(f"Key {api_key.pk} {api_key.redacted} of {api_key.tenant.slug} {state} at {api_key.revoked_at:%Y-%m-%d %H:%M:%S}Z")
+        when = f"{api_key.revoked_at:%Y-%m-%d %H:%M:%S}Z"
+        self.stdout.write(f"Key {api_key.pk} {api_key.redacted} of {api_key.tenant.slug} {state} at {when}")

@@ -1,0 +1,53 @@
+"""Incremental detokenization of generated tokens.
+
+Only generated tokens are decoded (the prompt never leaks into a delta). Each
+new token decodes a short window: the text of tokens[prefix:] minus the text
+of tokens[prefix:read]. While that window ends in U+FFFD (a UTF-8 character
+whose bytes are split across tokens, common for CJK and emoji), nothing is
+emitted and the window grows until the character is complete. `finish()`
+emits whatever is still pending, so the concatenated deltas equal
+`tokenizer.decode(all_generated_tokens)`.
+"""
+
+from __future__ import annotations
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    __slots__ = ("tokenizer", "skip_special_tokens", "token_ids", "prefix_offset", "read_offset", "emitted_len")
+
+    def __init__(self, tokenizer, *, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids: list[int] = []
+        self.prefix_offset = 0  # start of the decode window
+        self.read_offset = 0  # tokens before this are already emitted
+        self.emitted_len = 0  # characters emitted so far
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the newly completed text (possibly empty)."""
+        self.token_ids.append(token_id)
+        window = self.token_ids[self.prefix_offset:]
+        prefix_text = self._decode(window[: self.read_offset - self.prefix_offset])
+        new_text = self._decode(window)
+        if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT):
+            return ""
+        delta = new_text[len(prefix_text):]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        self.emitted_len += len(delta)
+        return delta
+
+    def finish(self) -> str:
+        """Return the text still held back (e.g. an incomplete character at the very end)."""
+        if self.read_offset == len(self.token_ids):
+            return ""
+        full = self._decode(self.token_ids)
+        rest = full[self.emitted_len:]
+        self.read_offset = self.prefix_offset = len(self.token_ids)
+        self.emitted_len = len(full)
+        return rest

@@ -1,0 +1,244 @@
+"""The engine: requests in, per-step outputs out.
+
+    engine = Engine(EngineConfig(model="smollm2-135m-instruct"))
+    engine.add_request("r1", prompt_ids, SamplingParams(max_tokens=32))
+    while engine.has_unfinished():
+        for out in engine.step(): ...
+
+One `step()` schedules a batch (scheduler + block manager), runs the model on
+it (model runner), samples the rows that are due (sampler) and turns the new
+tokens into text deltas and stop decisions (detokenizer + stop checker).
+Not thread-safe: one thread drives an engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+
+import torch
+
+from inference.engine.block_manager import BlockManager
+from inference.engine.config import EngineConfig
+from inference.engine.detokenizer import IncrementalDetokenizer
+from inference.engine.logprobs import LogprobFormatter
+from inference.engine.model_runner import ModelRunner
+from inference.engine.outputs import RequestOutput, Timing, Usage
+from inference.engine.sampler import Sampler
+from inference.engine.sampling_params import EngineValidationError, SamplingParams
+from inference.engine.scheduler import Scheduler
+from inference.engine.scheduler_policy import PriorityPolicy
+from inference.engine.sequence import Sequence
+from inference.engine.stop_checker import StopChecker
+
+_RATE_WINDOW_S = 10.0
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, *, loaded=None) -> None:
+        """`loaded`: an already loaded model (inference.engine.loader.LoadedModel) to share
+        weights between engines, e.g. in tests; it must match config.model/dtype/device."""
+        from inference.engine.kv_cache import kv_bytes_per_block
+        from inference.engine.loader import load_model
+
+        self.config = config
+        if config.num_threads is not None and config.device == "cpu":
+            torch.set_num_threads(config.num_threads)
+        self.device = torch.device(config.device)
+        dtype = config.torch_dtype
+        if loaded is None:
+            loaded = load_model(config.model, dtype=dtype, device=self.device)
+        elif loaded.dtype != dtype:
+            raise ValueError(f"the loaded model is {loaded.dtype}, the config asks for {dtype}")
+        self.loaded = loaded
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.vocab_size = loaded.config.vocab_size
+        self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.config.max_position_embeddings)
+        num_blocks = config.num_kv_blocks or (
+            config.kv_cache_mb * 2**20 // kv_bytes_per_block(loaded.config, config.block_size, dtype)
+        )
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            policy=PriorityPolicy(aging_s=config.priority_aging_s, max_preemptions=config.max_preemptions),
+        )
+        self.runner = ModelRunner(loaded.model, loaded.config, num_blocks=num_blocks,
+                                  block_size=config.block_size, dtype=dtype, device=self.device)
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.sampler = Sampler(eos_token_id=self.eos_token_id, seed=config.seed)
+        self.logprob_formatter = LogprobFormatter(self.tokenizer)
+        self._pending: list[RequestOutput] = []  # abort notices for the next step()
+        self._ids = itertools.count()
+        self._recent: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
+        self.counters = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0}
+        self.timers = {"schedule_s": 0.0, "model_s": 0.0, "sample_s": 0.0, "output_s": 0.0}
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                    priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
+                    *, prompt_param: str = "prompt") -> None:
+        """Validate and queue a request. Raises EngineValidationError (param: the OpenAI
+        parameter; `prompt_param` names the prompt's, "messages" for chat)."""
+        sampling.validate(vocab_size=self.vocab_size)
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise EngineValidationError("The prompt must contain at least one token.", prompt_param)
+        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise EngineValidationError("The prompt contains an invalid token id.", prompt_param)
+        max_tokens = sampling.max_tokens if sampling.max_tokens is not None else self.max_model_len - n
+        if max_tokens < 1 or n + max_tokens > self.max_model_len:
+            raise EngineValidationError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max_tokens} for the completion).",
+                prompt_param,
+            )
+        if self.block_manager.blocks_needed(n + max_tokens) > self.block_manager.num_blocks:
+            raise EngineValidationError("The request needs more KV cache than this engine has.", prompt_param)
+        seq = Sequence(request_id, prompt_token_ids, sampling, max_tokens=max_tokens, priority=priority,
+                       cache_salt=cache_salt, arrival_time=arrival_time)
+        if sampling.seed is not None:
+            seq.generator = torch.Generator().manual_seed(sampling.seed)
+        seq.detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sampling.skip_special_tokens)
+        seq.stopper = StopChecker(sampling, eos_token_id=self.eos_token_id, max_tokens=max_tokens,
+                                  max_model_len=self.max_model_len)
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Free the request's blocks now; the next step() reports it finished ("abort")."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        self._pending.append(self._output(seq, [], "", None))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    # ---- one iteration ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        self.timers["schedule_s"] += t1 - t0
+        if not batch:
+            return outputs
+        seqs, logits = self.runner.execute(batch.seqs, batch.num_new_tokens)
+        t2 = time.perf_counter()
+        self.scheduler.postprocess(batch)
+        sampled = self.sampler(logits, seqs) if seqs else None
+        t3 = time.perf_counter()
+        now = time.time()
+        for i, seq in enumerate(seqs):
+            lp = sampled.logprobs[i] if sampled.logprobs is not None else None
+            outputs.append(self._process_token(seq, sampled.token_ids[i], lp, now))
+        t4 = time.perf_counter()
+        self.timers["model_s"] += t2 - t1
+        self.timers["sample_s"] += t3 - t2
+        self.timers["output_s"] += t4 - t3
+        n_prompt = batch.num_tokens - len(seqs)
+        self.counters["steps"] += 1
+        self.counters["prompt_tokens"] += n_prompt
+        self.counters["generated_tokens"] += len(seqs)
+        self._recent.append((now, n_prompt, len(seqs)))
+        while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
+            self._recent.popleft()
+        return outputs
+
+    def _process_token(self, seq: Sequence, token: int, lp, now: float) -> RequestOutput:
+        seq.append_token(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        n_out = seq.num_output_tokens
+        stopper = seq.stopper
+        reason, text, stop_hit = None, "", None
+        stop = stopper.check_token(token, n_out)
+        if stop is not None:
+            reason, seq.stop_reason = stop
+        else:
+            text, stop_hit = stopper.feed(seq.detok.add(token), n_out)
+            if stop_hit is not None:
+                reason, seq.stop_reason = "stop", stop_hit
+            elif stopper.check_length(n_out, seq.num_tokens):
+                reason = "length"
+        if reason is not None and stop_hit is None:  # flush what the detokenizer and stop checker hold
+            tail, hit = stopper.feed(seq.detok.finish(), n_out)
+            text += tail
+            if hit is not None:
+                reason, seq.stop_reason = "stop", hit
+            else:
+                text += stopper.flush()
+        logprobs = [self.logprob_formatter.format(token, lp)] if lp is not None else None
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+        return self._output(seq, [token], text, logprobs)
+
+    def _output(self, seq: Sequence, tokens: list[int], text: str, logprobs) -> RequestOutput:
+        arrival = seq.arrival_time
+        end = seq.finish_time if seq.finish_time is not None else time.time()
+        timing = Timing(
+            queued_s=None if seq.first_scheduled_time is None else seq.first_scheduled_time - arrival,
+            ttft_s=None if seq.first_token_time is None else seq.first_token_time - arrival,
+            e2e_s=end - arrival,
+        )
+        return RequestOutput(
+            request_id=seq.request_id, new_token_ids=tokens, delta_text=text, logprobs=logprobs,
+            finished=seq.is_finished, finish_reason=seq.finish_reason,
+            usage=Usage(seq.num_prompt_tokens, seq.cached_tokens, seq.num_output_tokens),
+            timing=timing, stop_reason=seq.stop_reason,
+        )
+
+    # ---- offline batch ------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
+                 *, priorities: list[int] | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
+        """Run `prompts` to completion; return one cumulative RequestOutput per prompt, in order."""
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        for rid, prompt, sp, prio in zip(ids, prompts, params, priorities or [0] * len(prompts)):
+            self.add_request(rid, prompt, sp, priority=prio, cache_salt=cache_salt)
+        results = {rid: None for rid in ids}
+        while any(r is None or not r.finished for r in results.values()):
+            for out in self.step():
+                if out.request_id not in results:
+                    continue
+                acc = results[out.request_id]
+                if acc is None:
+                    results[out.request_id] = out
+                    out.logprobs = list(out.logprobs) if out.logprobs is not None else None
+                    continue
+                acc.new_token_ids.extend(out.new_token_ids)
+                acc.delta_text += out.delta_text
+                if out.logprobs is not None:
+                    acc.logprobs.extend(out.logprobs)
+                acc.finished, acc.finish_reason, acc.stop_reason = out.finished, out.finish_reason, out.stop_reason
+                acc.usage, acc.timing = out.usage, out.timing
+        for prompt, rid in zip(prompts, ids):
+            results[rid].prompt_token_ids = list(prompt)
+        return [results[rid] for rid in ids]
+
+    # ---- introspection ------------------------------------------------------------------------
+    def stats(self) -> dict:
+        bm = self.block_manager
+        span = (self._recent[-1][0] - self._recent[0][0]) if len(self._recent) > 1 else 0.0
+        prompt_rate = sum(r[1] for r in self._recent) / span if span > 0 else 0.0
+        gen_rate = sum(r[2] for r in self._recent) / span if span > 0 else 0.0
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_usage": bm.usage,
+            "num_blocks": bm.num_blocks,
+            "free_blocks": bm.num_free_blocks,
+            "cached_blocks": bm.num_cached_blocks,
+            "prefix_cache_hit_rate": bm.hit_rate,
+            "prefix_cache_queries": bm.query_tokens,
+            "prefix_cache_hits": bm.hit_tokens,
+            "preemptions": self.scheduler.num_preemptions,
+            "prompt_tok_s": prompt_rate,
+            "generation_tok_s": gen_rate,
+            **self.counters,
+            **self.timers,
+        }

@@ -1,0 +1,54 @@
+"""What the engine hands back per step and request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache (billing trusts this)
+    completion_tokens: int
+
+    def to_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "completion_tokens": self.completion_tokens}
+
+
+@dataclass(slots=True)
+class Timing:
+    queued_s: float | None  # arrival -> first scheduled
+    ttft_s: float | None  # arrival -> first token
+    e2e_s: float | None  # arrival -> finished (so far, while running)
+
+    def to_dict(self) -> dict:
+        return {"queued_s": self.queued_s, "ttft_s": self.ttft_s, "e2e_s": self.e2e_s}
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One step's news for one request.
+
+    From `Engine.step()` the token, text and logprob fields are DELTAS (this step's
+    tokens); from `Engine.generate()` they hold the whole completion.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    delta_text: str
+    logprobs: list[dict] | None
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    usage: Usage
+    timing: Timing
+    stop_reason: str | int | None = None  # the matched stop string or stop token id
+    prompt_token_ids: list[int] = field(default_factory=list)  # filled by generate() only
+
+    def to_dict(self) -> dict:
+        return {
+            "request_id": self.request_id, "new_token_ids": list(self.new_token_ids),
+            "delta_text": self.delta_text, "logprobs": self.logprobs, "finished": self.finished,
+            "finish_reason": self.finish_reason, "usage": self.usage.to_dict(),
+            "timing": self.timing.to_dict(), "stop_reason": self.stop_reason,
+        }

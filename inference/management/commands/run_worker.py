@@ -1,0 +1,69 @@
+"""python manage.py run_worker --model NAME --device cpu|cuda:N
+
+One worker process: loads the model, serves its queue until SIGTERM (drain:
+no new work, finish the requests in hand, exit). A second SIGTERM or SIGINT
+stops at once; unstarted jobs go back to the queue, started ones end with an
+error event.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.queue import get_job_queue
+from inference.worker.engine_factory import engine_build
+from inference.worker.events import EventSink
+from inference.worker.loop import WorkerLoop
+
+logger = logging.getLogger(__name__)
+
+DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+class Command(BaseCommand):
+    help = "Serve one model from the job queue (needs REDIS_URL)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--model", default=settings.DEFAULT_MODEL)
+        parser.add_argument("--device", default=settings.ENGINE_DEVICE, help="cpu or cuda:N")
+        parser.add_argument("--worker-id", default=None)
+        parser.add_argument("--max-num-seqs", type=int, default=None)
+        parser.add_argument("--kv-cache-mb", type=int, default=None)
+        parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+
+    def handle(self, *args, **options) -> None:
+        if not settings.REDIS_URL:
+            raise CommandError("run_worker needs REDIS_URL: the embedded mode serves from a thread of the web process.")
+        device = options["device"]
+        if not DEVICE_RE.match(device):
+            raise CommandError(f"--device must be cpu or cuda:N, not {device!r}")
+        model = options["model"]
+        max_num_seqs = options["max_num_seqs"] or settings.ENGINE_MAX_NUM_SEQS
+
+        def build():
+            return engine_build(model=model, device=device, dtype=options["dtype"],
+                                kv_cache_mb=options["kv_cache_mb"], max_num_seqs=max_num_seqs)
+
+        loop = WorkerLoop(
+            queue=get_job_queue(), model=model, sink=EventSink(), engine_factory=build,
+            worker_id=options["worker_id"], device=device, max_num_seqs=max_num_seqs,
+        )
+
+        def on_signal(signum, _frame) -> None:
+            if loop.draining:
+                logger.warning("second signal: stopping now")
+                loop.request_stop()
+            else:
+                logger.warning("signal %s: draining (no new work; finishing %d requests)", signum, len(loop.active))
+                loop.request_drain()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.stdout.write(f"worker {loop.worker_id}: loading {model} on {device}")
+        loop.run()
+        self.stdout.write(f"worker {loop.worker_id}: stopped")

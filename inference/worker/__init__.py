@@ -1,0 +1,1 @@
+"""Worker side of serving: the engine loop, event delivery, embedded mode, reaping."""

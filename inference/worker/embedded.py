@@ -1,0 +1,80 @@
+"""The embedded worker: the engine loop in a daemon thread of the web process.
+
+Used when settings.EMBEDDED_WORKER is true (the default without REDIS_URL). The
+API calls `ensure_embedded_worker()` from its event loop before it enqueues:
+the first call starts the thread, which heartbeats at once (so the model counts
+as served while it loads) and loads the engine lazily; every call records the
+running event loop, on which the in-memory channel layer's events are then
+delivered (inference.worker.events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from django.conf import settings
+
+from inference.queue import get_job_queue
+
+from .engine_factory import engine_build
+from .events import EventSink, bind_event_loop, bound_event_loop
+from .loop import WorkerLoop, default_worker_id
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_workers: dict[str, tuple[WorkerLoop, threading.Thread]] = {}
+_sink: EventSink | None = None
+
+
+def _run(loop: WorkerLoop) -> None:
+    try:
+        loop.run()
+    except Exception:  # noqa: BLE001 - logged; the next ensure_embedded_worker() starts a new one
+        logger.exception("embedded worker %s crashed", loop.worker_id)
+
+
+def ensure_embedded_worker(model: str | None = None) -> WorkerLoop:
+    """Start (once) the engine thread serving `model` (default settings.DEFAULT_MODEL)."""
+    global _sink
+    try:
+        bind_event_loop(asyncio.get_running_loop())
+    except RuntimeError:
+        pass  # called outside an event loop: keep the loop bound earlier
+    model = model or settings.DEFAULT_MODEL
+    entry = _workers.get(model)
+    if entry is not None and entry[1].is_alive():
+        return entry[0]
+    with _lock:
+        entry = _workers.get(model)
+        if entry is not None and entry[1].is_alive():
+            return entry[0]
+        if _sink is None:
+            _sink = EventSink(loop=bound_event_loop)
+        device = settings.ENGINE_DEVICE
+        worker = WorkerLoop(
+            queue=get_job_queue(),
+            model=model,
+            sink=_sink,
+            engine_factory=lambda: engine_build(model=model, device=device),
+            device=device,
+            max_num_seqs=getattr(settings, "ENGINE_MAX_NUM_SEQS", None),
+            worker_id="embedded:" + default_worker_id(model),
+        )
+        thread = threading.Thread(target=_run, args=(worker,), name=f"embedded-worker-{model}", daemon=True)
+        _workers[model] = (worker, thread)
+        thread.start()
+        return worker
+
+
+def embedded_worker_stop(timeout: float = 30.0) -> None:
+    """Drain and join the embedded workers (tests, orderly shutdown)."""
+    with _lock:
+        entries = list(_workers.values())
+        _workers.clear()
+    for worker, _thread in entries:
+        worker.request_drain()
+    for _worker, thread in entries:
+        thread.join(timeout)

@@ -1,0 +1,192 @@
+"""Sending worker events (engine.delta / engine.done) to reply channels.
+
+The worker loop is plain synchronous code; channel layers are asyncio. An
+`EventSink` owns the bridge: the loop hands it messages without waiting, and one
+drain task on an event loop sends them in order (per reply channel), batching
+whatever piled up during an engine step.
+
+Which event loop:
+- Redis channel layer (separate worker processes): a private loop in a daemon
+  thread of the sink.
+- In-memory channel layer (embedded mode): the queues of InMemoryChannelLayer
+  belong to the web server's event loop, and waking a receiver from another
+  thread is not safe. The API calls `ensure_embedded_worker()` from that loop
+  before it enqueues, which records it with `bind_event_loop`; the sink sends
+  on the loop bound at the time of sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_bound_loop: asyncio.AbstractEventLoop | None = None
+
+
+def bind_event_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Record the web server's event loop for the embedded worker's deliveries."""
+    global _bound_loop
+    _bound_loop = loop
+
+
+def bound_event_loop() -> asyncio.AbstractEventLoop | None:
+    loop = _bound_loop
+    return None if loop is None or loop.is_closed() else loop
+
+
+class _Drain:
+    """The sending side on one event loop: an asyncio queue and its task."""
+
+    def __init__(self, sink: "EventSink", loop: asyncio.AbstractEventLoop) -> None:
+        self.sink = sink
+        self.loop = loop
+        self.queue: asyncio.Queue | None = None
+        loop.call_soon_threadsafe(self._start)
+
+    def _start(self) -> None:
+        self.queue = asyncio.Queue()
+        self.task = self.loop.create_task(self._run())
+
+    async def _stop(self) -> None:
+        task = getattr(self, "task", None)
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    def stop(self, timeout: float = 2.0) -> None:
+        if self.loop.is_closed() or not self.loop.is_running():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout)
+        except Exception:  # noqa: BLE001 - closing down anyway
+            pass
+
+    def put(self, batch: list[tuple[str, dict]]) -> None:
+        self.loop.call_soon_threadsafe(self._put, batch)
+
+    def _put(self, batch: list[tuple[str, dict]]) -> None:
+        self.queue.put_nowait(batch)
+
+    async def _run(self) -> None:
+        while True:
+            batches = [await self.queue.get()]
+            while not self.queue.empty():
+                batches.append(self.queue.get_nowait())
+            by_channel: dict[str, list[dict]] = {}
+            count = 0
+            for batch in batches:
+                for channel, message in batch:
+                    by_channel.setdefault(channel, []).append(message)
+                    count += 1
+            await asyncio.gather(*(self._send_in_order(channel, messages) for channel, messages in by_channel.items()))
+            self.sink._sent(count)
+
+    async def _send_in_order(self, channel: str, messages: list[dict]) -> None:
+        layer = self.sink.layer
+        for message in messages:
+            try:
+                await layer.send(channel, message)
+            except Exception as exc:  # noqa: BLE001 - a full or broken channel must not stop the others
+                logger.warning("could not deliver %s for %s to %s: %s", message.get("type"), message.get("request_id"), channel, exc)
+
+
+class EventSink:
+    """Thread-safe, non-blocking, per-channel-ordered delivery to a channel layer.
+
+    `loop`: None for a private event loop thread; an event loop; or a callable
+    returning the loop to use at each send (the embedded mode passes
+    `bound_event_loop`).
+    """
+
+    def __init__(self, layer: Any = None, loop: asyncio.AbstractEventLoop | Callable[[], Any] | None = None) -> None:
+        self._layer = layer
+        self._loop_source = loop
+        self._own_loop: asyncio.AbstractEventLoop | None = None
+        self._drains: dict[int, _Drain] = {}
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+
+    @property
+    def layer(self) -> Any:
+        if self._layer is None:
+            from channels.layers import get_channel_layer
+
+            self._layer = get_channel_layer()
+        return self._layer
+
+    def _target_loop(self) -> asyncio.AbstractEventLoop:
+        source = self._loop_source
+        loop = source() if callable(source) else source
+        if loop is not None and not loop.is_closed():
+            return loop
+        if source is not None:
+            logger.warning("no web event loop bound for embedded delivery; using a private loop")
+        if self._own_loop is None:
+            self._own_loop = asyncio.new_event_loop()
+            threading.Thread(target=self._own_loop.run_forever, name="event-sink", daemon=True).start()
+        return self._own_loop
+
+    def send_many(self, items: list[tuple[str, dict]]) -> None:
+        if not items:
+            return
+        with self._lock:
+            loop = self._target_loop()
+            drain = self._drains.get(id(loop))
+            if drain is None or drain.loop is not loop:
+                for key in [key for key, old in self._drains.items() if old.loop.is_closed()]:
+                    del self._drains[key]
+                drain = self._drains[id(loop)] = _Drain(self, loop)
+            self._pending += len(items)
+            try:
+                drain.put(list(items))
+            except RuntimeError as exc:  # the loop closed between the check and the call
+                self._pending -= len(items)
+                self._drains.pop(id(loop), None)
+                logger.warning("dropping %d events: %s", len(items), exc)
+
+    def send(self, channel: str, message: dict) -> None:
+        self.send_many([(channel, message)])
+
+    def _sent(self, count: int) -> None:
+        with self._idle:
+            self._pending -= count
+            if self._pending <= 0:
+                self._idle.notify_all()
+
+    def close(self) -> None:
+        """Stop the drain tasks (after flush() if pending events matter) and the private loop."""
+        with self._lock:
+            drains = list(self._drains.values())
+            self._drains.clear()
+        for drain in drains:
+            drain.stop()
+        if self._own_loop is not None:
+            self._own_loop.call_soon_threadsafe(self._own_loop.stop)
+            self._own_loop = None
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything handed over so far was sent (or failed)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending <= 0, timeout=timeout)
+
+
+_default_sink: EventSink | None = None
+_default_lock = threading.Lock()
+
+
+def default_sink() -> EventSink:
+    """The process-wide sink on a private event loop (worker processes, Celery)."""
+    global _default_sink
+    with _default_lock:
+        if _default_sink is None:
+            _default_sink = EventSink()
+        return _default_sink

@@ -1,0 +1,140 @@
+"""Ending a request: its usage record, then its one engine.done event.
+
+The record is written before the event, so a client that sees the end of its
+stream can already find the record. Both the worker loop and the reaper end
+requests through here; usage_record_create is idempotent, so a request ended
+twice (a slow worker and the reaper racing) still has one record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.db import OperationalError, connection
+
+from inference.queue import Job
+
+from .events import EventSink
+
+logger = logging.getLogger(__name__)
+
+
+def delta_event(*, request_id: str, text: str, token_ids: list[int], logprobs: list | None) -> dict[str, Any]:
+    return {"type": "engine.delta", "request_id": request_id, "text": text, "token_ids": list(token_ids), "logprobs": logprobs}
+
+
+def done_event(
+    *,
+    request_id: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+    timing: dict[str, Any],
+    error: str | None = None,
+    stop_reason: Any = None,
+) -> dict[str, Any]:
+    return {
+        "type": "engine.done",
+        "request_id": request_id,
+        "finish_reason": finish_reason,
+        "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "completion_tokens": completion_tokens},
+        "timing": timing,
+        "error": error,
+        "stop_reason": stop_reason,
+    }
+
+
+def usage_record_safe(**kwargs: Any) -> bool:
+    """usage_record_create, never raising (a database hiccup must not kill the loop).
+
+    Retries a few times on OperationalError (SQLite "database is locked",
+    a dropped PostgreSQL connection), reconnecting in between.
+    """
+    from tenants.services.usage import usage_record_create
+
+    for attempt in range(4):
+        try:
+            _record, created = usage_record_create(**kwargs)
+            return created
+        except OperationalError:
+            logger.warning("usage record of %s: database busy or gone, retrying", kwargs.get("request_id"))
+            _reconnect()
+            time.sleep(0.05 * (attempt + 1))
+        except Exception:  # noqa: BLE001
+            logger.exception("could not write the usage record of %s", kwargs.get("request_id"))
+            _reconnect()
+            return False
+    logger.error("gave up writing the usage record of %s", kwargs.get("request_id"))
+    return False
+
+
+def _reconnect() -> None:
+    try:
+        if connection.in_atomic_block:
+            return  # not ours to close (tests wrap everything in a transaction)
+        connection.close()  # the next query opens a fresh connection
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def job_finish(
+    *,
+    job: Job,
+    sink: EventSink,
+    worker_id: str,
+    finish_reason: str,
+    prompt_tokens: int = 0,
+    cached_tokens: int = 0,
+    completion_tokens: int = 0,
+    queued_s: float | None = None,
+    ttft_s: float | None = None,
+    error: str | None = None,
+    stop_reason: Any = None,
+    extra_timing: dict[str, Any] | None = None,
+    now: float | None = None,
+) -> None:
+    """Record usage and send the done event. Times are seconds since job.enqueued_at."""
+    now = time.time() if now is None else now
+    e2e_s = max(0.0, now - job.enqueued_at)
+    queued_s = e2e_s if queued_s is None else max(0.0, queued_s)
+    usage_record_safe(
+        request_id=job.request_id,
+        tenant_id=job.tenant_id,
+        api_key_id=job.api_key_id,
+        model=job.model,
+        tier=job.tier,
+        endpoint=job.endpoint,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
+        finish_reason=finish_reason,
+        error=error,
+        queued_s=queued_s,
+        ttft_s=ttft_s,
+        duration_s=e2e_s,
+        worker_id=worker_id,
+    )
+    timing = {"queued_s": queued_s, "ttft_s": ttft_s, "e2e_s": e2e_s, **(extra_timing or {})}
+    sink.send(
+        job.reply_channel,
+        done_event(
+            request_id=job.request_id,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            completion_tokens=completion_tokens,
+            timing=timing,
+            error=error,
+            stop_reason=stop_reason,
+        ),
+    )
+
+
+def job_fail(*, job: Job, sink: EventSink, worker_id: str, error: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    job_finish(
+        job=job, sink=sink, worker_id=worker_id, finish_reason="error", error=error,
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+    )

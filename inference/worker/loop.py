@@ -1,0 +1,399 @@
+"""The worker loop: queue -> Engine.step() -> reply channels, one request at a time ended once.
+
+    loop = WorkerLoop(queue=q, model="smollm2-135m-instruct", engine_factory=make_engine, sink=EventSink())
+    loop.run()            # until request_drain() (SIGTERM) has finished the work in hand
+
+Each pass: heartbeat (every ~1 s), reap dead workers (every few seconds),
+abort what clients cancelled, end jobs dropped from the queue, lease new jobs
+when the engine has room, then one engine step whose outputs become
+engine.delta events and, for finished requests, a usage record and one
+engine.done. An error in one request ends that request with finish_reason
+"error"; an error in the step itself ends every request in the engine; neither
+stops the loop.
+
+Room: the worker holds at most max_num_seqs + prefetch jobs and leases nothing
+while `prefetch` or more wait inside the engine (KV cache full). The rest stay
+on the shared queue, where the tier weights decide and other workers can take
+them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inference.queue import Job, JobQueue, ReapResult
+
+from .events import EventSink
+from .finish import delta_event, job_fail, job_finish
+from .reaper import dead_workers_reap, reap_result_finish
+
+logger = logging.getLogger(__name__)
+
+
+def default_worker_id(model: str) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{model}:{os.urandom(3).hex()}"
+
+
+@dataclass
+class _Active:
+    job: Job
+    leased_at: float  # unix time
+    started: bool = False  # lease flagged started: events may have reached the client
+    first_token_at: float | None = None
+    completion_tokens: int = 0
+    aborting: bool = False  # cancelled by the client, abort sent to the engine
+
+
+class WorkerLoop:
+    def __init__(
+        self,
+        *,
+        queue: JobQueue,
+        model: str,
+        sink: EventSink,
+        engine: Any = None,
+        engine_factory: Callable[[], Any] | None = None,
+        worker_id: str | None = None,
+        device: str = "cpu",
+        max_num_seqs: int | None = None,
+        prefetch: int | None = None,
+        heartbeat_interval: float = 1.0,
+        reap_interval: float | None = None,
+        dropped_interval: float = 0.2,
+    ) -> None:
+        if engine is None and engine_factory is None:
+            raise ValueError("WorkerLoop needs an engine or an engine_factory")
+        self.queue = queue
+        self.model = model
+        self.sink = sink
+        self.engine = engine
+        self.engine_factory = engine_factory
+        self.worker_id = worker_id or default_worker_id(model)
+        self.device = device
+        self._max_num_seqs = max_num_seqs
+        self._prefetch = prefetch
+        self.heartbeat_interval = heartbeat_interval
+        self.reap_interval = reap_interval if reap_interval is not None else max(1.0, queue.heartbeat_timeout / 2)
+        self.dropped_interval = dropped_interval
+        self.active: dict[str, _Active] = {}
+        self.started_at = time.time()
+        self._draining = threading.Event()
+        self._stopping = threading.Event()
+        self._next_heartbeat = 0.0
+        self._next_reap = 0.0
+        self._next_dropped = 0.0
+        self._tokens_since_beat = 0
+        self._last_beat = time.monotonic()
+        self.tok_s = 0.0
+        self.steps = 0
+
+    # ------------------------------------------------------------ control
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def request_drain(self) -> None:
+        """Stop leasing; finish the work in hand; then run() returns (SIGTERM)."""
+        self._draining.set()
+
+    def request_stop(self) -> None:
+        """Return as soon as possible, ending the work in hand (second SIGTERM)."""
+        self._draining.set()
+        self._stopping.set()
+
+    @property
+    def max_num_seqs(self) -> int:
+        if self._max_num_seqs is None:
+            config = getattr(self.engine, "config", None)
+            self._max_num_seqs = int(getattr(config, "max_num_seqs", 0) or 64)
+        return self._max_num_seqs
+
+    @property
+    def prefetch(self) -> int:
+        if self._prefetch is None:
+            self._prefetch = max(2, self.max_num_seqs // 8)
+        return self._prefetch
+
+    # ------------------------------------------------------------ main
+    def run(self) -> None:
+        try:
+            self.load_engine()
+            while not self._stopping.is_set():
+                self.run_once()
+                if self.draining and not self.active:
+                    break
+        finally:
+            self.shutdown()
+
+    def load_engine(self) -> None:
+        """Build the engine (if a factory was given), heartbeating while it loads."""
+        if self.engine is not None:
+            return
+        done = threading.Event()
+
+        def beat_while_loading() -> None:
+            while not done.wait(self.heartbeat_interval):
+                self._safe_heartbeat(self._heartbeat_info(loading=True))
+
+        self._safe_heartbeat(self._heartbeat_info(loading=True))
+        ticker = threading.Thread(target=beat_while_loading, name=f"{self.worker_id}-loading", daemon=True)
+        ticker.start()
+        try:
+            self.engine = self.engine_factory()
+        finally:
+            done.set()
+            ticker.join()
+        logger.info("worker %s: engine for %s loaded on %s", self.worker_id, self.model, self.device)
+
+    def run_once(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_heartbeat:
+            self.heartbeat()
+        if now >= self._next_reap:
+            self._next_reap = now + self.reap_interval
+            try:
+                dead_workers_reap(queue=self.queue, sink=self.sink)
+            except Exception:  # noqa: BLE001
+                logger.exception("reaping failed")
+        self._abort_cancelled()
+        if now >= self._next_dropped:
+            self._next_dropped = now + self.dropped_interval
+            self._end_dropped()
+        if not self.draining:
+            self._lease()
+        if self.active or self.engine.has_unfinished():
+            self._step()
+            if self.active and not self.engine.has_unfinished():
+                # The engine holds nothing, yet these never finished: end them here.
+                for request_id in list(self.active):
+                    self._end_lost(request_id)
+        elif not self.draining:
+            wait = max(0.0, min(self._next_heartbeat, self._next_dropped) - time.monotonic())
+            if self.queue.wait_for_work(self.model, timeout=min(wait, self.heartbeat_interval) or 0.01):
+                self._next_dropped = 0.0
+
+    # ------------------------------------------------------------ heartbeats
+    def _heartbeat_info(self, *, loading: bool = False) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "device": self.device, "pid": os.getpid(), "host": socket.gethostname(),
+            "started_at": self.started_at, "status": "loading" if loading else ("draining" if self.draining else "serving"),
+            "running": 0, "waiting": 0, "kv_usage": 0.0, "tok_s": round(self.tok_s, 2), "active": len(self.active),
+            "max_num_seqs": self._max_num_seqs,
+        }
+        if not loading and self.engine is not None:
+            try:
+                stats = dict(self.engine.stats())
+            except Exception:  # noqa: BLE001
+                stats = {}
+            for key in ("running", "waiting", "kv_usage"):
+                if key in stats:
+                    info[key] = stats[key]
+            info["engine"] = {k: v for k, v in stats.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        return info
+
+    def _safe_heartbeat(self, info: dict[str, Any]) -> bool:
+        try:
+            return self.queue.heartbeat(self.worker_id, self.model, info)
+        except Exception:  # noqa: BLE001 - Redis blips must not kill the worker
+            logger.exception("heartbeat failed")
+            return True
+
+    def heartbeat(self) -> None:
+        now = time.monotonic()
+        elapsed = now - self._last_beat
+        if elapsed > 0:
+            self.tok_s = self._tokens_since_beat / elapsed
+        self._tokens_since_beat, self._last_beat = 0, now
+        self._next_heartbeat = now + self.heartbeat_interval
+        if not self._safe_heartbeat(self._heartbeat_info()):
+            # We were reaped (too slow to heartbeat): our jobs were requeued or
+            # failed elsewhere. Drop them without sending anything more.
+            logger.error("worker %s was reaped; dropping %d requests", self.worker_id, len(self.active))
+            for request_id in list(self.active):
+                self._engine_abort(request_id)
+            self.active.clear()
+
+    # ------------------------------------------------------------ intake
+    def room(self) -> int:
+        try:
+            waiting = int(self.engine.stats().get("waiting", 0))
+        except Exception:  # noqa: BLE001
+            waiting = 0
+        if waiting >= max(1, self.prefetch):
+            return 0
+        return max(0, self.max_num_seqs + self.prefetch - len(self.active))
+
+    def _lease(self) -> None:
+        room = self.room()
+        if room <= 0:
+            return
+        jobs = self.queue.lease(self.worker_id, self.model, room)
+        leased_at = time.time()
+        for job in jobs:
+            self.active[job.request_id] = _Active(job=job, leased_at=leased_at)
+            try:
+                self._add_to_engine(job)
+            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+                message, param = getattr(exc, "message", str(exc)), getattr(exc, "param", None)
+                if param is None and exc.__class__.__name__ != "EngineValidationError":
+                    logger.exception("could not start request %s", job.request_id)
+                self._fail(job.request_id, f"{message} (param: {param})" if param else str(message), mark=True)
+
+    def _add_to_engine(self, job: Job) -> None:
+        from inference.engine import SamplingParams
+
+        sampling = SamplingParams.from_dict(dict(job.sampling))
+        self.engine.add_request(
+            job.request_id, list(job.prompt_token_ids), sampling, priority=int(job.priority),
+            cache_salt=job.cache_salt, prompt_param="messages" if job.endpoint == "chat.completions" else "prompt",
+        )
+
+    def _abort_cancelled(self) -> None:
+        try:
+            cancelled = self.queue.take_cancellations(self.worker_id)
+        except Exception:  # noqa: BLE001
+            logger.exception("reading cancellations failed")
+            return
+        for request_id in cancelled:
+            if request_id in self.active:
+                self.active[request_id].aborting = True
+                self._engine_abort(request_id)  # the next step reports it finished with "abort"
+
+    def _end_dropped(self) -> None:
+        try:
+            dropped = self.queue.take_dropped(self.model)
+        except Exception:  # noqa: BLE001
+            logger.exception("reading dropped jobs failed")
+            return
+        for job in dropped:
+            job_finish(job=job, sink=self.sink, worker_id=self.worker_id, finish_reason="abort",
+                       error="Cancelled before it started.")
+
+    # ------------------------------------------------------------ stepping
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001
+            logger.exception("engine step failed; ending the %d requests it held", len(self.active))
+            for request_id in list(self.active):
+                self._engine_abort(request_id)
+                self._fail(request_id, f"Engine error: {exc}")
+            return
+        self.steps += 1
+        now = time.time()
+        first = [o.request_id for o in outputs if o.request_id in self.active and not self.active[o.request_id].started
+                 and (o.finished or o.new_token_ids or o.delta_text)]
+        if first:
+            owned = self.queue.mark_started(self.worker_id, first)
+            for request_id in first:
+                if request_id in owned:
+                    self.active[request_id].started = True
+                else:  # reaped meanwhile: someone else owns it now
+                    self._engine_abort(request_id)
+                    self.active.pop(request_id, None)
+        events: list[tuple[str, dict]] = []
+        for output in outputs:
+            active = self.active.get(output.request_id)
+            if active is None:
+                continue
+            try:
+                self._handle_output(active, output, now, events)
+            except Exception as exc:  # noqa: BLE001
+                logger.exception("handling output of %s failed", output.request_id)
+                self._engine_abort(output.request_id)
+                self._fail(output.request_id, f"Worker error: {exc}")
+        self.sink.send_many(events)
+
+    def _handle_output(self, active: _Active, output: Any, now: float, events: list) -> None:
+        job = active.job
+        new_ids = list(output.new_token_ids or [])
+        if new_ids or output.delta_text:
+            if active.first_token_at is None:
+                active.first_token_at = now
+            active.completion_tokens += len(new_ids)
+            self._tokens_since_beat += len(new_ids)
+            events.append((job.reply_channel, delta_event(
+                request_id=job.request_id, text=output.delta_text or "", token_ids=new_ids, logprobs=output.logprobs)))
+        if not output.finished:
+            return
+        # Deltas of this step go out before the done event.
+        self.sink.send_many(events)
+        events.clear()
+        usage, timing = output.usage, output.timing
+        engine_queued = float(getattr(timing, "queued_s", 0.0) or 0.0)
+        extra = {f"engine_{name}": getattr(timing, name, None) for name in ("queued_s", "ttft_s", "e2e_s")}
+        job_finish(
+            job=job, sink=self.sink, worker_id=self.worker_id,
+            finish_reason=output.finish_reason or "stop",
+            prompt_tokens=int(usage.prompt_tokens), cached_tokens=int(usage.cached_tokens),
+            completion_tokens=int(usage.completion_tokens),
+            queued_s=max(0.0, active.leased_at - job.enqueued_at) + engine_queued,
+            ttft_s=None if active.first_token_at is None else max(0.0, active.first_token_at - job.enqueued_at),
+            stop_reason=output.stop_reason, extra_timing=extra, now=now,
+        )
+        self._release(job.request_id)
+
+    # ------------------------------------------------------------ endings
+    def _engine_abort(self, request_id: str) -> None:
+        try:
+            self.engine.abort(request_id)
+        except Exception:  # noqa: BLE001 - it may never have been added
+            logger.debug("abort of %s failed", request_id, exc_info=True)
+
+    def _fail(self, request_id: str, error: str, *, mark: bool = False) -> None:
+        active = self.active.get(request_id)
+        if active is None:
+            return
+        if mark or not active.started:
+            if request_id not in self.queue.mark_started(self.worker_id, [request_id]):
+                self.active.pop(request_id, None)
+                return
+        job = active.job
+        job_fail(job=job, sink=self.sink, worker_id=self.worker_id, error=error,
+                 prompt_tokens=len(job.prompt_token_ids) if active.completion_tokens else 0,
+                 completion_tokens=active.completion_tokens)
+        self._release(request_id)
+
+    def _end_lost(self, request_id: str) -> None:
+        active = self.active.get(request_id)
+        if active is None:
+            return
+        if not active.aborting:
+            self._fail(request_id, "The engine lost this request.")
+            return
+        if not active.started and request_id not in self.queue.mark_started(self.worker_id, [request_id]):
+            self.active.pop(request_id, None)
+            return
+        job = active.job
+        job_finish(job=job, sink=self.sink, worker_id=self.worker_id, finish_reason="abort",
+                   prompt_tokens=len(job.prompt_token_ids) if active.completion_tokens else 0,
+                   completion_tokens=active.completion_tokens,
+                   ttft_s=None if active.first_token_at is None else max(0.0, active.first_token_at - job.enqueued_at))
+        self._release(request_id)
+
+    def _release(self, request_id: str) -> None:
+        self.active.pop(request_id, None)
+        try:
+            self.queue.complete(self.worker_id, request_id)
+        except Exception:  # noqa: BLE001
+            logger.exception("completing %s failed", request_id)
+
+    def shutdown(self) -> None:
+        """Leave the queue: anything still held is requeued (unstarted) or failed."""
+        for request_id in list(self.active):
+            self._engine_abort(request_id)
+        self.active.clear()
+        try:
+            result: ReapResult = self.queue.unregister(self.worker_id)
+            reap_result_finish(result=result, sink=self.sink, error="The worker shut down before finishing this request.")
+        except Exception:  # noqa: BLE001
+            logger.exception("unregistering worker %s failed", self.worker_id)
+        self.sink.flush(timeout=5.0)
+        logger.info("worker %s stopped", self.worker_id)

@@ -1,0 +1,87 @@
+"""Engine test fixtures (loaded by tests/engine/conftest.py): one float32 SmolLM2
+load per session shared by every engine, the HF transformers reference, prompts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+MODEL = "smollm2-135m-instruct"
+
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the ocean.",
+    "请用中文介绍一下长城。",
+    "日本の首都はどこですか？",
+    "Explain recursion to a five year old 🙂",
+    "Translate 'good morning' into Spanish, French and German.",
+    "List three prime numbers and explain why they are prime.",
+    "What does this emoji mean: 🚀🔥?",
+    "def add(a, b):\n    return a + b\n\nWhat does this Python function do?",
+    "Give me a short recipe for pancakes.",
+]
+
+
+@pytest.fixture(scope="session")
+def engine_model_f32():
+    """The float32 LoadedModel shared by all engine tests (weights loaded once)."""
+    from inference.engine.loader import load_model
+
+    return load_model(MODEL, dtype=torch.float32, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def make_engine(engine_model_f32):
+    """make_engine(**EngineConfig overrides) -> Engine over the shared float32 weights."""
+    from inference.engine import Engine, EngineConfig
+
+    def make(**overrides):
+        cfg = dict(model=MODEL, device="cpu", dtype="float32", kv_cache_mb=64, max_num_seqs=32,
+                   max_num_batched_tokens=512)
+        cfg.update(overrides)
+        return Engine(EngineConfig(**cfg), loaded=engine_model_f32)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tokenizer(engine_model_f32):
+    return engine_model_f32.tokenizer
+
+
+@pytest.fixture(scope="session")
+def chat_prompts(tokenizer):
+    """Token ids of chat-templated prompts (English, CJK, emoji, code)."""
+    return [tokenizer.encode_chat([{"role": "user", "content": c}]) for c in CHAT_PROMPTS]
+
+
+@pytest.fixture(scope="session")
+def hf_model_f32():
+    """Hugging Face transformers' LlamaForCausalLM on the same GGUF, float32 (the reference)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from inference.engine.registry import builtin_gguf_path
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    path = builtin_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_log_softmax(hf_model_f32):
+    """hf_log_softmax(prompt_ids, output_ids) -> [len(output_ids), V] float32 log-probabilities
+    of each output position under the HF float32 model (teacher forcing, one forward)."""
+
+    @torch.inference_mode()
+    def run(prompt: list[int], output: list[int]) -> torch.Tensor:
+        ids = torch.tensor([prompt + output])
+        logits = hf_model_f32(ids).logits[0].float()
+        return torch.log_softmax(logits[len(prompt) - 1: len(prompt) - 1 + len(output)], dim=-1)
+
+    return run

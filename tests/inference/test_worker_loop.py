@@ -1,0 +1,245 @@
+"""The worker loop on the real engine and model (SmolLM2), in-process queue and channel layer.
+
+One engine is loaded for the module; each test runs a WorkerLoop on it in a
+thread and reads the events from an InMemoryChannelLayer served by its own
+event loop (as the web server's would be in the embedded mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+
+import pytest
+from channels.layers import InMemoryChannelLayer
+
+from inference.queue.memory import MemoryJobQueue
+from inference.worker.events import EventSink
+from inference.worker.loop import WorkerLoop
+from tenants.models import UsageRecord
+from tests.inference.queue_helpers import make_job
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+MODEL = "smollm2-135m-instruct"
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from inference.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(model=MODEL, device="cpu", dtype="bfloat16", kv_cache_mb=64, max_num_seqs=8,
+                               max_num_batched_tokens=512))
+
+
+class Harness:
+    """A running WorkerLoop plus a way to read its events."""
+
+    def __init__(self, engine, **loop_options) -> None:
+        self.engine = engine
+        self.queue = MemoryJobQueue(weights={"enterprise": 8, "pro": 4, "free": 1}, heartbeat_timeout=5.0)
+        self.layer = InMemoryChannelLayer()
+        self.aloop = asyncio.new_event_loop()
+        self.aloop_thread = threading.Thread(target=self.aloop.run_forever, daemon=True)
+        self.aloop_thread.start()
+        self.sink = EventSink(self.layer, loop=self.aloop)
+        self.loop = WorkerLoop(queue=self.queue, model=MODEL, sink=self.sink, engine=engine, worker_id="w-test",
+                               **loop_options)
+        self.thread = threading.Thread(target=self.loop.run, daemon=True)
+        self.thread.start()
+
+    def receive(self, channel: str, timeout: float = 60.0) -> dict:
+        coro = asyncio.wait_for(self.layer.receive(channel), timeout)
+        return asyncio.run_coroutine_threadsafe(coro, self.aloop).result()
+
+    def collect(self, channel: str) -> tuple[list[dict], dict]:
+        deltas = []
+        while True:
+            event = self.receive(channel)
+            if event["type"] == "engine.done":
+                return deltas, event
+            assert event["type"] == "engine.delta"
+            deltas.append(event)
+
+    def close(self) -> None:
+        if self.aloop.is_closed():
+            return
+        self.loop.request_stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        self.sink.close()
+        self.aloop.call_soon_threadsafe(self.aloop.stop)
+        self.aloop_thread.join()
+        self.aloop.close()
+
+
+@pytest.fixture
+def harness_factory(engine):
+    made = []
+
+    def make(**options) -> Harness:
+        harness = Harness(engine, **options)
+        made.append(harness)
+        return harness
+
+    yield make
+    for harness in made:
+        harness.close()
+
+
+def chat_job(engine, tenant, text: str, *, tier: str | None = None, priority: int = 2, channel: str | None = None,
+             **sampling) -> object:
+    sampling = {"max_tokens": 12, "temperature": 0.0, **sampling}
+    return make_job(
+        model=MODEL, tenant_id=tenant.pk, tier=tier or tenant.tier.name, priority=priority,
+        prompt_token_ids=engine.tokenizer.encode_chat([{"role": "user", "content": text}]),
+        sampling=sampling, reply_channel=channel or f"reply.{uuid.uuid4().hex}", cache_salt=tenant.cache_salt,
+        request_id=f"req-{uuid.uuid4().hex[:12]}",
+    )
+
+
+def record(request_id: str) -> UsageRecord:
+    return UsageRecord.objects.get(request_id=request_id)
+
+
+def test_stream_equals_offline_text_and_usage_matches(engine, harness_factory, tenant_factory):
+    from inference.engine import SamplingParams
+
+    tenant = tenant_factory()
+    job = chat_job(engine, tenant, "Name three colours.", max_tokens=16)
+    offline = engine.generate([job.prompt_token_ids], SamplingParams(max_tokens=16, temperature=0.0))[0]
+
+    harness = harness_factory()
+    harness.queue.enqueue(job)
+    deltas, done = harness.collect(job.reply_channel)
+    text = "".join(d["text"] for d in deltas)
+    streamed_ids = [t for d in deltas for t in d["token_ids"]]
+    assert text == offline.delta_text and streamed_ids == offline.new_token_ids
+    assert done["finish_reason"] == offline.finish_reason
+    assert done["usage"]["prompt_tokens"] == len(job.prompt_token_ids) == offline.usage.prompt_tokens
+    assert done["usage"]["completion_tokens"] == len(streamed_ids) == offline.usage.completion_tokens
+    assert done["timing"]["ttft_s"] is not None and done["timing"]["e2e_s"] >= done["timing"]["ttft_s"]
+    row = record(job.request_id)
+    assert (row.prompt_tokens, row.completion_tokens, row.cached_tokens) == (
+        done["usage"]["prompt_tokens"], done["usage"]["completion_tokens"], done["usage"]["cached_tokens"])
+    assert row.finish_reason == done["finish_reason"] and row.worker_id == "w-test" and row.tenant_id == tenant.pk
+    assert harness.queue.leases("w-test") == {}  # completed
+
+
+def test_concurrent_requests_each_stream_their_own_text(engine, harness_factory, tenant_factory):
+    tenant = tenant_factory()
+    harness = harness_factory()
+    jobs = [chat_job(engine, tenant, prompt, max_tokens=10)
+            for prompt in ("Count to five.", "What is the capital of France?", "Write a haiku about rain.")]
+    for job in jobs:
+        harness.queue.enqueue(job)
+    for job in jobs:
+        deltas, done = harness.collect(job.reply_channel)
+        ids = [t for d in deltas for t in d["token_ids"]]
+        assert "".join(d["text"] for d in deltas) == engine.tokenizer.decode(ids)
+        assert done["usage"]["completion_tokens"] == len(ids) > 0
+        assert record(job.request_id).completion_tokens == len(ids)
+    assert UsageRecord.objects.filter(request_id__in=[j.request_id for j in jobs]).count() == 3
+    live = harness.queue.live_workers(MODEL)
+    assert live and live[0]["worker_id"] == "w-test" and live[0]["device"] == "cpu"
+    assert {"running", "waiting", "kv_usage", "tok_s"} <= set(live[0])
+
+
+def test_cancel_mid_stream_aborts_frees_blocks_and_bills_what_was_generated(engine, harness_factory, tenant_factory):
+    tenant = tenant_factory()
+    harness = harness_factory()
+    job = chat_job(engine, tenant, "Tell me a long story about a dragon.", max_tokens=300, ignore_eos=True)
+    harness.queue.enqueue(job)
+    deltas = [harness.receive(job.reply_channel) for _ in range(3)]
+    assert all(d["type"] == "engine.delta" for d in deltas)
+    assert harness.queue.cancel(job.request_id) == "signalled"
+    rest, done = harness.collect(job.reply_channel)
+    generated = sum(len(d["token_ids"]) for d in deltas + rest)
+    assert done["finish_reason"] == "abort"
+    assert done["usage"]["completion_tokens"] == generated < 300
+    row = record(job.request_id)
+    assert row.finish_reason == "abort" and row.completion_tokens == generated
+    assert UsageRecord.objects.filter(request_id=job.request_id).count() == 1
+    harness.close()  # stop the thread before reading the engine from here
+    stats = engine.stats()
+    assert stats["free_blocks"] == stats["num_blocks"] and stats["running"] == 0
+
+
+def test_cancel_while_queued_ends_with_abort_and_a_zero_token_record(engine, harness_factory, tenant_factory):
+    tenant = tenant_factory()
+    harness = harness_factory(max_num_seqs=1, prefetch=0)
+    busy = chat_job(engine, tenant, "Describe the sea.", max_tokens=40, ignore_eos=True)
+    harness.queue.enqueue(busy)
+    assert harness.receive(busy.reply_channel)["type"] == "engine.delta"  # the worker is full now
+    waiting = chat_job(engine, tenant, "Hello")
+    harness.queue.enqueue(waiting)
+    assert harness.queue.cancel(waiting.request_id) == "dropped"
+    deltas, done = harness.collect(waiting.reply_channel)
+    assert deltas == [] and done["finish_reason"] == "abort" and done["usage"]["completion_tokens"] == 0
+    assert record(waiting.request_id).completion_tokens == 0
+    harness.collect(busy.reply_channel)
+
+
+def test_saturated_worker_serves_enterprise_queued_after_free_first(engine, harness_factory, tenant_factory, tier_factory):
+    free = tenant_factory(tier=tier_factory("free", priority=2, queue_weight=1))
+    enterprise = tenant_factory(tier=tier_factory("enterprise", priority=0, queue_weight=8))
+    harness = harness_factory(max_num_seqs=2, prefetch=0)
+    blockers = [chat_job(engine, free, f"Story number {i}", max_tokens=24, ignore_eos=True) for i in range(2)]
+    for job in blockers:
+        harness.queue.enqueue(job)
+    for job in blockers:
+        assert harness.receive(job.reply_channel)["type"] == "engine.delta"
+    shared = f"reply.order.{uuid.uuid4().hex}"
+    late = [chat_job(engine, free, f"free {i}", channel=shared, max_tokens=3) for i in range(3)]
+    late += [chat_job(engine, enterprise, f"enterprise {i}", channel=shared, priority=0, max_tokens=3)
+             for i in range(3)]
+    for job in late:  # all free jobs are queued before any enterprise job
+        harness.queue.enqueue(job)
+    tier_of = {job.request_id: job.tier for job in late}
+    first_seen: list[str] = []
+    finished = 0
+    while finished < len(late):
+        event = harness.receive(shared)
+        if event["request_id"] not in first_seen:
+            first_seen.append(event["request_id"])
+        finished += event["type"] == "engine.done"
+    assert [tier_of[rid] for rid in first_seen[:3]] == ["enterprise"] * 3
+    for job in blockers:
+        harness.collect(job.reply_channel)
+
+
+def test_a_bad_request_fails_alone_and_the_loop_keeps_serving(engine, harness_factory, tenant_factory):
+    tenant = tenant_factory()
+    harness = harness_factory()
+    bad = chat_job(engine, tenant, "hi", top_p=5.0)
+    too_long = chat_job(engine, tenant, "hi", max_tokens=engine.max_model_len)
+    good = chat_job(engine, tenant, "Say yes.", max_tokens=4)
+    for job in (bad, too_long, good):
+        harness.queue.enqueue(job)
+    _, done = harness.collect(bad.reply_channel)
+    assert done["finish_reason"] == "error" and "top_p" in done["error"]
+    _, done = harness.collect(too_long.reply_channel)
+    assert done["finish_reason"] == "error" and "context length" in done["error"]
+    deltas, done = harness.collect(good.reply_channel)
+    assert done["finish_reason"] in ("stop", "length") and deltas
+    assert record(bad.request_id).finish_reason == "error" and record(good.request_id).completion_tokens > 0
+
+
+def test_drain_finishes_running_work_and_takes_no_more(engine, harness_factory, tenant_factory):
+    tenant = tenant_factory()
+    harness = harness_factory()
+    running = chat_job(engine, tenant, "List some fruit.", max_tokens=20, ignore_eos=True)
+    harness.queue.enqueue(running)
+    assert harness.receive(running.reply_channel)["type"] == "engine.delta"
+    harness.loop.request_drain()
+    later = chat_job(engine, tenant, "Too late")
+    harness.queue.enqueue(later)
+    deltas, done = harness.collect(running.reply_channel)
+    assert done["finish_reason"] == "length" and done["usage"]["completion_tokens"] == 20
+    harness.thread.join(30)
+    assert not harness.thread.is_alive()
+    assert harness.queue.depth(MODEL, later.tier) == 1  # still queued for another worker
+    assert harness.queue.live_workers(MODEL) == []  # unregistered on exit
+    assert not UsageRecord.objects.filter(request_id=later.request_id).exists()
