@@ -143,3 +143,26 @@ def openai_exception_handler(exc: Exception, context: dict) -> Response | None:
         message, _ = _flatten_detail(exc.detail)
         return Response(error_body(message, error_type="invalid_request_error", code=exc.default_code), status=exc.status_code)
     return None
+
+
+def _wants_api_error(request) -> bool:
+    return request.path.startswith("/v1/") or "application/json" in request.headers.get("Accept", "")
+
+
+def handler404(request, exception=None):
+    """Unknown paths under /v1/ answer in the OpenAI shape (HTML elsewhere)."""
+    if _wants_api_error(request):
+        message = f"Unknown request URL: {request.method} {request.path}."
+        return JsonResponse(error_body(message, error_type="invalid_request_error", code="unknown_url"), status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def handler500(request):
+    if _wants_api_error(request):
+        message = "The server had an error while processing your request."
+        return JsonResponse(error_body(message, error_type="server_error", code="internal_error"), status=500)
+    from django.views.defaults import server_error
+
+    return server_error(request)

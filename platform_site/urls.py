@@ -6,3 +6,6 @@ urlpatterns = [
     path("", include("inference.urls")),
     path("", include("tenants.urls")),
 ]
+
+handler404 = "inference.errors.handler404"
+handler500 = "inference.errors.handler500"
