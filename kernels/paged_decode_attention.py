@@ -7,6 +7,9 @@ Grouped-query attention: query head h reads KV head h // (Hq // Hkv).
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -58,27 +61,78 @@ def plan_buckets(lens: list[int], block_size: int, max_buckets: int = 4) -> list
     return [order[a:b] for a, b in zip(best_bounds, best_bounds[1:])]
 
 
-def _decode_dense(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_len: int,
-    scale: float,
-) -> torch.Tensor:
+@dataclass(frozen=True)
+class _Group:
+    rows: torch.Tensor | None  # int64 rows of the batch in this group; None = the whole batch
+    block_ids: torch.Tensor  # int64 [b * num_blocks], row-major
+    num_blocks: int
+    mask: torch.Tensor  # bool [b, 1, 1, num_blocks * block_size]: True = a real token
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Everything about a decode batch that does not depend on the layer.
+
+    Built once per step: every layer of a step passes the same block tables
+    and lengths, so ``decode_plan`` hands back the last plan while they are
+    equal (compared by value, so in-place updates are never missed).
+    """
+
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    block_size: int
+    groups: tuple[_Group, ...]
+
+
+_last_plan = threading.local()
+
+
+def decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
+    last = getattr(_last_plan, "plan", None)
+    if (
+        last is not None
+        and last.block_size == block_size
+        and last.seq_lens.shape == seq_lens.shape
+        and last.block_tables.shape == block_tables.shape
+        and last.seq_lens.device == seq_lens.device
+        and torch.equal(last.seq_lens, seq_lens)
+        and torch.equal(last.block_tables, block_tables)
+    ):
+        return last
+    lens = seq_lens.tolist()
+    members = plan_buckets(lens, block_size) if len(lens) >= 16 else [list(range(len(lens)))]
+    groups = []
+    device = seq_lens.device
+    for group in members:
+        whole = len(members) == 1
+        rows = None if whole else torch.tensor(group, dtype=torch.int64, device=device)
+        num_blocks = -(-max(lens[i] for i in group) // block_size)
+        tables = block_tables if whole else block_tables.index_select(0, rows)
+        lengths = seq_lens if whole else seq_lens.index_select(0, rows)
+        padded = num_blocks * block_size
+        mask = torch.arange(padded, device=device).view(1, padded) < lengths.view(-1, 1)
+        groups.append(_Group(
+            rows=rows,
+            block_ids=tables[:, :num_blocks].reshape(-1).to(torch.int64),
+            num_blocks=num_blocks,
+            mask=mask.view(len(group), 1, 1, padded),
+        ))
+    plan = DecodePlan(block_tables.clone(), seq_lens.clone(), block_size, tuple(groups))
+    _last_plan.plan = plan
+    return plan
+
+
+def _attend_group(q, k_cache, v_cache, group: _Group, scale: float) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
-    block_size = k_cache.shape[1]
-    num_blocks = -(-max_len // block_size)
-    keys, values = gather_padded_kv(k_cache, v_cache, block_tables, num_blocks)
-    padded = num_blocks * block_size
-    positions = torch.arange(padded, device=q.device)
-    mask = (positions.view(1, padded) < seq_lens.view(batch, 1)).view(batch, 1, 1, padded)
+    _, block_size, hkv, _ = k_cache.shape
+    padded = group.num_blocks * block_size
+    keys = gather_blocks(k_cache, group.block_ids).view(batch, padded, hkv, head_dim)
+    values = gather_blocks(v_cache, group.block_ids).view(batch, padded, hkv, head_dim)
     out = F.scaled_dot_product_attention(
         q.view(batch, num_heads, 1, head_dim),
         keys.transpose(1, 2),
         values.transpose(1, 2),
-        attn_mask=mask,
+        attn_mask=group.mask,
         scale=scale,
         enable_gqa=True,
     )
@@ -103,23 +157,13 @@ def paged_decode_attention_ref(
     check_kv_cache(k_cache, v_cache)
     if q.shape[0] == 0:
         return q.new_empty(q.shape)
-    lens = seq_lens.tolist()
-    buckets = plan_buckets(lens, k_cache.shape[1]) if len(lens) >= 16 else [None]
-    if len(buckets) == 1:
-        return _decode_dense(q, k_cache, v_cache, block_tables, seq_lens, max(lens), scale)
+    plan = decode_plan(block_tables, seq_lens, k_cache.shape[1])
+    if len(plan.groups) == 1:
+        return _attend_group(q, k_cache, v_cache, plan.groups[0], scale)
     out = torch.empty_like(q)
-    for members in buckets:
-        idx = torch.tensor(members, device=q.device)
-        part = _decode_dense(
-            q.index_select(0, idx),
-            k_cache,
-            v_cache,
-            block_tables.index_select(0, idx),
-            seq_lens.index_select(0, idx),
-            max(lens[i] for i in members),
-            scale,
-        )
-        out.index_copy_(0, idx, part)
+    for group in plan.groups:
+        part = _attend_group(q.index_select(0, group.rows), k_cache, v_cache, group, scale)
+        out.index_copy_(0, group.rows, part)
     return out
 
 
@@ -242,7 +286,7 @@ def _paged_decode_merge_kernel(
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_blocks: int, block_size: int,
                       device: torch.device) -> int:
-    """Enough programs to fill the GPU, never a split shorter than 256 tokens.
+    """Enough programs to fill the GPU, never a split shorter than 128 tokens.
 
     Depends only on shapes (block table width, not the live lengths), so it
     needs no device sync and stays fixed for a captured graph.
@@ -252,7 +296,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_blocks: int, block_size
     else:
         sms = 4
     want = -(-2 * sms // max(1, batch * num_kv_heads))
-    most = max(1, (max_blocks * block_size) // 256)
+    most = max(1, (max_blocks * block_size) // 128)
     return int(max(1, min(want, most, 64)))
 
 

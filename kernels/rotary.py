@@ -29,7 +29,25 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     half = x.shape[-1] // 2
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    # Rounded exactly like HF's q * cos + rotate_half(q) * sin (no fused multiply-adds).
+    out = torch.empty_like(xf)
+    tmp = torch.mul(x2, sin)
+    torch.mul(x1, cos, out=out[..., :half]).sub_(tmp)
+    torch.mul(x1, sin, out=tmp)
+    torch.mul(x2, cos, out=out[..., half:]).add_(tmp)
+    return out.to(x.dtype)
+
+
+def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """q and k as one [T, Hq + Hkv, D] view when k's heads follow q's in memory,
+    as they do when both are column slices of one fused qkv projection."""
+    if q.dtype != k.dtype or q.device != k.device or q.shape[0] != k.shape[0]:
+        return None
+    if q.stride() != k.stride() or q.stride(1) != q.shape[2] or q.stride(2) != 1:
+        return None
+    if k.data_ptr() != q.data_ptr() + q.shape[1] * q.stride(1) * q.element_size():
+        return None
+    return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
 
 
 def rotary_embedding_ref(
@@ -38,10 +56,19 @@ def rotary_embedding_ref(
     k: torch.Tensor,
     cos_sin_cache: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [T], q [T, Hq, D], k [T, Hkv, D] -> rotated (q, k), float32 math."""
+    """positions [T], q [T, Hq, D], k [T, Hkv, D] -> rotated (q, k), float32 math.
+
+    Returns new tensors (the inputs are not modified). When q and k are
+    adjacent slices of one buffer they are rotated in a single pass and come
+    back as views of one [T, Hq + Hkv, D] result.
+    """
     half = q.shape[-1] // 2
     cs = cos_sin_cache.index_select(0, positions.long()).unsqueeze(1)  # [T, 1, D]
     cos, sin = cs[..., :half], cs[..., half:]
+    joint = _joint_heads(q, k)
+    if joint is not None:
+        out = _rotate(joint, cos, sin)
+        return out[:, : q.shape[1]], out[:, q.shape[1] :]
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 

@@ -1,9 +1,11 @@
 """Response objects in OpenAI's shapes: `chat.completion`, `chat.completion.chunk`,
 `text_completion` (whole and streamed), and `usage`.
 
-`service_tier` echoes the caller's tier name (free / pro / enterprise...): the
-tier is fixed by the API key, so the request's `service_tier` is accepted but
-does not change scheduling.
+`service_tier` says how the request was scheduled, in OpenAI's vocabulary (the
+SDK's types are a closed set, so a tier name like "pro" would fail strict
+clients): tiers with engine priority 0 (enterprise) answer "priority", 1 (pro)
+"default", lower ones (free) "flex". The tier is fixed by the API key; a
+request's own `service_tier` is validated but does not change scheduling.
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ from dataclasses import dataclass, field
 from inference.api.schemas import CHAT
 
 FINGERPRINT_VERSION = "llm-platform-1"
+
+
+def service_tier_for(tier) -> str:
+    """OpenAI's service_tier value for one of our tiers (see the module docstring)."""
+    priority = getattr(tier, "priority", 1)
+    if priority <= 0:
+        return "priority"
+    return "default" if priority == 1 else "flex"
 
 
 def system_fingerprint(model: str) -> str:
@@ -177,7 +187,7 @@ def response_builder(*, prepared) -> ResponseBuilder:
         request_id=prepared.request_id,
         created=prepared.created,
         model=prepared.model.name,
-        service_tier=prepared.tier_name,
+        service_tier=service_tier_for(prepared.auth.tier),
         include_usage=request.include_usage,
         want_logprobs=request.logprobs is not None,
     )

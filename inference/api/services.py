@@ -37,10 +37,6 @@ class PreparedRequest:
     sampling: dict  # SamplingParams.to_dict(), the Job's wire form
     max_tokens: int
 
-    @property
-    def tier_name(self) -> str:
-        return self.auth.tier.name
-
 
 def request_id_new() -> str:
     return uuid.uuid4().hex

@@ -32,6 +32,7 @@ from inference.queue import Job, JobQueue, ReapResult
 
 from .events import EventSink
 from .finish import delta_event, job_fail, job_finish
+from .heartbeat import heartbeat_info
 from .reaper import dead_workers_reap, reap_result_finish
 
 logger = logging.getLogger(__name__)
@@ -123,10 +124,17 @@ class WorkerLoop:
 
     # ------------------------------------------------------------ main
     def run(self) -> None:
+        failures = 0
         try:
             self.load_engine()
             while not self._stopping.is_set():
-                self.run_once()
+                try:
+                    self.run_once()
+                    failures = 0
+                except Exception:  # noqa: BLE001 - e.g. Redis unreachable for a moment
+                    failures += 1
+                    logger.exception("worker loop pass failed (%d in a row); retrying", failures)
+                    time.sleep(min(5.0, 0.1 * 2**failures))
                 if self.draining and not self.active:
                     break
         finally:
@@ -175,28 +183,14 @@ class WorkerLoop:
                 for request_id in list(self.active):
                     self._end_lost(request_id)
         elif not self.draining:
-            wait = max(0.0, min(self._next_heartbeat, self._next_dropped) - time.monotonic())
-            if self.queue.wait_for_work(self.model, timeout=min(wait, self.heartbeat_interval) or 0.01):
+            # Enqueues, cancellations of queued jobs and requeues all wake this wait.
+            wait = min(self._next_heartbeat - time.monotonic(), self.heartbeat_interval)
+            if self.queue.wait_for_work(self.model, timeout=max(wait, 0.01)):
                 self._next_dropped = 0.0
 
     # ------------------------------------------------------------ heartbeats
     def _heartbeat_info(self, *, loading: bool = False) -> dict[str, Any]:
-        info: dict[str, Any] = {
-            "device": self.device, "pid": os.getpid(), "host": socket.gethostname(),
-            "started_at": self.started_at, "status": "loading" if loading else ("draining" if self.draining else "serving"),
-            "running": 0, "waiting": 0, "kv_usage": 0.0, "tok_s": round(self.tok_s, 2), "active": len(self.active),
-            "max_num_seqs": self._max_num_seqs,
-        }
-        if not loading and self.engine is not None:
-            try:
-                stats = dict(self.engine.stats())
-            except Exception:  # noqa: BLE001
-                stats = {}
-            for key in ("running", "waiting", "kv_usage"):
-                if key in stats:
-                    info[key] = stats[key]
-            info["engine"] = {k: v for k, v in stats.items() if isinstance(v, (int, float, str, bool)) or v is None}
-        return info
+        return heartbeat_info(self, loading=loading)
 
     def _safe_heartbeat(self, info: dict[str, Any]) -> bool:
         try:
@@ -387,8 +381,10 @@ class WorkerLoop:
 
     def shutdown(self) -> None:
         """Leave the queue: anything still held is requeued (unstarted) or failed."""
-        for request_id in list(self.active):
+        for request_id, active in list(self.active.items()):
             self._engine_abort(request_id)
+            if active.started:  # end it here, with the tokens it got; unstarted ones are requeued below
+                self._fail(request_id, "The worker shut down before finishing this request.")
         self.active.clear()
         try:
             result: ReapResult = self.queue.unregister(self.worker_id)
@@ -396,4 +392,13 @@ class WorkerLoop:
         except Exception:  # noqa: BLE001
             logger.exception("unregistering worker %s failed", self.worker_id)
         self.sink.flush(timeout=5.0)
+        _close_db_connections()
         logger.info("worker %s stopped", self.worker_id)
+
+
+def _close_db_connections() -> None:
+    """Close this thread's database connections (threads never get Django's request signals)."""
+    from django.db import connection, connections
+
+    if not connection.in_atomic_block:
+        connections.close_all()

@@ -205,3 +205,24 @@ def embedded_server_shared(tmp_path_factory, config) -> EmbeddedServer:
         config._embedded_api_server = server
         config.add_cleanup(server.stop)
     return server
+
+
+def servers_required(*, database_url: str, redis_url: str) -> None:
+    """Skip locally when PostgreSQL or Redis is down; fail under CI=true, where they must be up."""
+    import psycopg
+    import pytest
+    import redis
+
+    problem = None
+    try:
+        redis.Redis.from_url(redis_url, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        problem = f"Redis at {redis_url}: {exc}"
+    try:
+        psycopg.connect(database_url.rsplit("/", 1)[0] + "/postgres", connect_timeout=3).close()
+    except psycopg.Error as exc:
+        problem = problem or f"PostgreSQL: {exc}"
+    if problem:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"this test needs PostgreSQL and Redis under CI: {problem}")
+        pytest.skip(problem)

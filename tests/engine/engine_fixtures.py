@@ -74,14 +74,13 @@ def hf_model_f32():
 
 
 @pytest.fixture(scope="session")
-def hf_log_softmax(hf_model_f32):
-    """hf_log_softmax(prompt_ids, output_ids) -> [len(output_ids), V] float32 log-probabilities
-    of each output position under the HF float32 model (teacher forcing, one forward)."""
+def hf_logits(hf_model_f32):
+    """hf_logits(prompt_ids, output_ids) -> [len(output_ids), V] float32 logits that the HF float32
+    model gives for each output position (teacher forcing: one forward over prompt + output)."""
 
     @torch.inference_mode()
     def run(prompt: list[int], output: list[int]) -> torch.Tensor:
-        ids = torch.tensor([prompt + output])
-        logits = hf_model_f32(ids).logits[0].float()
-        return torch.log_softmax(logits[len(prompt) - 1: len(prompt) - 1 + len(output)], dim=-1)
+        logits = hf_model_f32(torch.tensor([prompt + output])).logits[0].float()
+        return logits[len(prompt) - 1: len(prompt) - 1 + len(output)]
 
     return run

@@ -210,6 +210,29 @@ def test_saturated_worker_serves_enterprise_queued_after_free_first(engine, harn
         harness.collect(job.reply_channel)
 
 
+def test_two_tenants_flooding_one_tier_are_served_interleaved(engine, harness_factory, tenant_factory, tier_factory):
+    tier = tier_factory("pro", priority=1, queue_weight=4)
+    flooder, other = tenant_factory(tier=tier), tenant_factory(tier=tier)
+    harness = harness_factory(max_num_seqs=1, prefetch=0)
+    blocker = chat_job(engine, flooder, "Warm up", max_tokens=12, ignore_eos=True)
+    harness.queue.enqueue(blocker)
+    assert harness.receive(blocker.reply_channel)["type"] == "engine.delta"
+    shared = f"reply.rr.{uuid.uuid4().hex}"
+    jobs = [chat_job(engine, flooder, f"flood {i}", channel=shared, max_tokens=2, ignore_eos=True) for i in range(6)]
+    jobs += [chat_job(engine, other, f"other {i}", channel=shared, max_tokens=2, ignore_eos=True) for i in range(2)]
+    for job in jobs:  # the flood is queued entirely before the other tenant's jobs
+        harness.queue.enqueue(job)
+    owner = {job.request_id: job.tenant_id for job in jobs}
+    order = []
+    while len(order) < len(jobs):
+        event = harness.receive(shared)
+        if event["type"] == "engine.done":
+            order.append(owner[event["request_id"]])
+    f, o = flooder.pk, other.pk
+    assert order == [f, o, f, o, f, f, f, f]
+    harness.collect(blocker.reply_channel)
+
+
 def test_a_bad_request_fails_alone_and_the_loop_keeps_serving(engine, harness_factory, tenant_factory):
     tenant = tenant_factory()
     harness = harness_factory()
@@ -243,3 +266,74 @@ def test_drain_finishes_running_work_and_takes_no_more(engine, harness_factory, 
     assert harness.queue.depth(MODEL, later.tier) == 1  # still queued for another worker
     assert harness.queue.live_workers(MODEL) == []  # unregistered on exit
     assert not UsageRecord.objects.filter(request_id=later.request_id).exists()
+
+
+def test_an_engine_step_failure_ends_the_batch_with_errors_and_the_loop_goes_on(engine, harness_factory,
+                                                                                 tenant_factory, monkeypatch):
+    """Fault injection: the model runner raises once, as a CUDA error or a kernel bug would."""
+    tenant = tenant_factory()
+    real_execute = engine.runner.execute
+    calls = {"n": 0}
+
+    def execute_failing_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected kernel failure")
+        return real_execute(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "execute", execute_failing_once)
+    harness = harness_factory()
+    victims = [chat_job(engine, tenant, f"Story {i}", max_tokens=30, ignore_eos=True) for i in range(2)]
+    for job in victims:
+        harness.queue.enqueue(job)
+    for job in victims:
+        deltas, done = harness.collect(job.reply_channel)
+        assert done["finish_reason"] == "error" and "injected kernel failure" in done["error"]
+        assert record(job.request_id).finish_reason == "error"
+        assert record(job.request_id).completion_tokens == sum(len(d["token_ids"]) for d in deltas)
+    after = chat_job(engine, tenant, "Say yes.", max_tokens=4)
+    harness.queue.enqueue(after)
+    deltas, done = harness.collect(after.reply_channel)
+    assert done["finish_reason"] in ("stop", "length") and deltas
+    harness.close()
+    stats = engine.stats()
+    assert stats["free_blocks"] == stats["num_blocks"]
+
+
+async def test_embedded_worker_starts_once_and_delivers_on_the_web_loop(engine, tenant_factory, settings,
+                                                                      monkeypatch):
+    """ensure_embedded_worker() from the event loop, as the API calls it; the real engine is shared."""
+    from asgiref.sync import sync_to_async
+    from channels.layers import get_channel_layer
+
+    from inference import queue as queue_module
+    from inference.worker import embedded
+
+    settings.REDIS_URL = ""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    queue_module.reset_job_queue()
+    monkeypatch.setattr(embedded, "engine_build", lambda **options: engine)
+    tenant = await sync_to_async(tenant_factory)()
+    try:
+        workers = await asyncio.gather(*(asyncio.to_thread(embedded.ensure_embedded_worker, MODEL) for _ in range(4)))
+        worker = embedded.ensure_embedded_worker(MODEL)  # on the loop: binds it for deliveries
+        assert all(w is worker for w in workers)
+        layer = get_channel_layer()
+        channel = await layer.new_channel("reply.")
+        job = chat_job(engine, tenant, "Say hello.", max_tokens=6, ignore_eos=True, channel=channel)
+        queue_module.get_job_queue().enqueue(job)
+        texts = []
+        while True:
+            event = await asyncio.wait_for(layer.receive(channel), 60)
+            if event["type"] == "engine.done":
+                break
+            texts.append(event["text"])
+        assert event["usage"]["completion_tokens"] == 6 and "".join(texts)
+        row = await sync_to_async(record)(job.request_id)
+        assert row.completion_tokens == 6 and row.worker_id == worker.worker_id
+    finally:
+        await asyncio.to_thread(embedded.embedded_worker_stop)
+        queue_module.reset_job_queue()
+        from django.db import connections
+
+        await sync_to_async(connections.close_all)()  # the executor thread's connection

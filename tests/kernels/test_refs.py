@@ -175,3 +175,46 @@ def plan_buckets_of(lens):
     from kernels.paged_decode_attention import plan_buckets
 
     return len(plan_buckets(lens, 16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_fused_qk_view_matches_separate(dtype):
+    """q and k sliced from one qkv buffer take the single-pass path; same numbers."""
+    cache = build_cos_sin_cache(64, 512, 10000.0, "cpu")
+    qkv = torch.randn(5, (9 + 2 * 3) * 64).to(dtype)
+    q = qkv[:, : 9 * 64].view(5, 9, 64)
+    k = qkv[:, 9 * 64 : 12 * 64].view(5, 3, 64)
+    positions = torch.tensor([0, 1, 100, 511, 7])
+    q_joint, k_joint = rotary_embedding_ref(positions, q, k, cache)
+    q_sep, k_sep = rotary_embedding_ref(positions, q.clone(), k.clone(), cache)
+    assert torch.equal(q_joint, q_sep) and torch.equal(k_joint, k_sep)
+    assert q_joint.shape == q.shape and k_joint.shape == k.shape
+
+
+def test_rotary_fp32_bitwise_equal_to_hf_formula():
+    cache = build_cos_sin_cache(64, 256, 100000.0, "cpu")
+    positions = torch.randint(0, 256, (6,))
+    q, k = torch.randn(6, 9, 64), torch.randn(6, 3, 64)
+    cos = torch.cat([cache[positions, :32]] * 2, -1).unsqueeze(1)
+    sin = torch.cat([cache[positions, 32:]] * 2, -1).unsqueeze(1)
+
+    def rotate_half(x):
+        return torch.cat((-x[..., 32:], x[..., :32]), dim=-1)
+
+    q_out, k_out = rotary_embedding_ref(positions, q, k, cache)
+    assert torch.equal(q_out, q * cos + rotate_half(q) * sin)
+    assert torch.equal(k_out, k * cos + rotate_half(k) * sin)
+
+
+def test_decode_plan_is_reused_and_rebuilt_on_change():
+    from kernels.paged_decode_attention import decode_plan
+
+    case = make_paged_case([1] * 20, list(range(5, 105, 5)), 4, 2, 16, 16, torch.float32, seed=6)
+    first = decode_plan(case.block_tables, case.seq_lens, 16)
+    assert decode_plan(case.block_tables.clone(), case.seq_lens.clone(), 16) is first
+    lens = case.seq_lens.clone()
+    lens[3] += 1  # still inside its blocks
+    assert decode_plan(case.block_tables, lens, 16) is not first
+    out = paged_decode_attention_ref(case.q, case.k_cache, case.v_cache, case.block_tables, lens, case.scale)
+    case.seq_lens = lens
+    _close(out, naive_attention(case), ATTN_TOL[torch.float32])

@@ -49,8 +49,9 @@ class Command(BaseCommand):
             return engine_build(model=model, device=device, dtype=options["dtype"],
                                 kv_cache_mb=options["kv_cache_mb"], max_num_seqs=max_num_seqs)
 
+        sink = EventSink()
         loop = WorkerLoop(
-            queue=get_job_queue(), model=model, sink=EventSink(), engine_factory=build,
+            queue=get_job_queue(), model=model, sink=sink, engine_factory=build,
             worker_id=options["worker_id"], device=device, max_num_seqs=max_num_seqs,
         )
 
@@ -65,5 +66,12 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self.stdout.write(f"worker {loop.worker_id}: loading {model} on {device}")
-        loop.run()
+        try:
+            loop.run()
+        except Exception as exc:
+            if loop.engine is None:  # unknown model, bad device or dtype, out of memory...
+                raise CommandError(f"could not load {model!r} on {device}: {exc}") from exc
+            raise
+        finally:
+            sink.close()
         self.stdout.write(f"worker {loop.worker_id}: stopped")

@@ -1,0 +1,308 @@
+"""GPU benchmark of the engine on Llama-shaped models with random weights.
+
+    python benchmarks/gpu_engine.py                       # CUDA: both shapes, full workload
+    python benchmarks/gpu_engine.py --shapes smollm2-135m --quick
+    python benchmarks/gpu_engine.py --device cpu          # tiny-shape smoke run of the script itself
+    python benchmarks/gpu_engine.py --json                # last line: one JSON object
+
+For each shape it writes a random-weight checkpoint (transformers
+LlamaForCausalLM, safetensors, plus a word-level tokenizer.json so the engine
+can detokenize), then:
+  1. checks the engine's greedy tokens against transformers' greedy generate on
+     the same weights (float32, and bfloat16 reported as a match rate);
+  2. times engine decode steps at batch 1, 16, 64, 256 with 1k-token contexts;
+  3. measures output tok/s for 256 requests of 512 prompt / 256 output tokens,
+     and the same workload through transformers ``generate``;
+  4. computes each decode step's memory roofline: (weight bytes + KV bytes
+     read) / measured device-to-device copy bandwidth.
+The Llama-3.2-1B shape uses plain RoPE (the engine's loader rejects llama3 rope
+scaling); that changes no byte or FLOP count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    vocab: int
+    hidden: int
+    inter: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_theta: float
+
+
+SHAPES = {
+    "smollm2-135m": Shape(49152, 576, 1536, 30, 9, 3, 64, 100000.0),
+    "llama-3.2-1b": Shape(128256, 2048, 8192, 16, 32, 8, 64, 500000.0),
+    "tiny": Shape(512, 64, 128, 2, 4, 2, 16, 10000.0),  # --device cpu smoke run
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    batches: tuple[int, ...]
+    context: int
+    timed_steps: int
+    requests: int
+    prompt_len: int
+    output_len: int
+    check_prompts: int
+    check_tokens: int
+
+
+FULL = Workload((1, 16, 64, 256), 1024, 20, 256, 512, 256, 8, 32)
+QUICK = Workload((1, 64), 1024, 10, 64, 512, 64, 4, 16)
+SMOKE = Workload((1, 4), 64, 5, 8, 32, 16, 3, 8)
+
+
+def write_checkpoint(shape: Shape, path: Path, seed: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.inter,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rope_theta=shape.rope_theta,
+        max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=1,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # larger weights than the default init: peakier logits, stabler argmax
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.05 if "embed" not in name else 1.0)
+    model.save_pretrained(path, safe_serialization=True)
+    vocab = {f"<t{i}>": i for i in range(shape.vocab)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<t2>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<t0>", "eos_token": "<t1>"}))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    n = (512 << 20) // 4 if device.type == "cuda" else (64 << 20) // 4
+    src = torch.empty(n, device=device).normal_()
+    dst = torch.empty_like(src)
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    else:
+        samples = []
+        for _ in range(10):
+            t = time.perf_counter()
+            dst.copy_(src)
+            samples.append((time.perf_counter() - t) * 1e3)
+        ms = statistics.median(samples)
+    return 2 * n * 4 / (ms / 1e3) / 1e9
+
+
+def make_engine(path: Path, device: torch.device, dtype: str, max_seqs: int, kv_mb: int, max_len: int):
+    from inference.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(
+        model=str(path), device=str(device), dtype=dtype, kv_cache_mb=kv_mb, block_size=16,
+        max_num_seqs=max_seqs, max_num_batched_tokens=max(8192, max_seqs), enable_prefix_caching=False,
+        max_model_len=max_len,
+    ))
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n, length), generator=gen).tolist()
+
+
+def check_greedy(path: Path, shape: Shape, device: torch.device, work: Workload) -> dict:
+    """Engine greedy tokens vs transformers greedy generate on the same weights."""
+    from transformers import LlamaForCausalLM
+
+    from inference.engine import SamplingParams
+
+    prompts = [p[: 7 + 13 * i] for i, p in enumerate(random_prompts(work.check_prompts, 200, shape.vocab, 1))]
+    result = {}
+    for dtype in ("float32", "bfloat16"):
+        hf = LlamaForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+        expected = []
+        with torch.no_grad():
+            for prompt in prompts:
+                ids = torch.tensor([prompt], device=device)
+                out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=work.check_tokens,
+                                  min_new_tokens=work.check_tokens, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0)
+                expected.append(out[0, len(prompt):].tolist())
+        del hf
+        engine = make_engine(path, device, dtype, 16, 256, 1024)
+        sampling = SamplingParams(max_tokens=work.check_tokens, temperature=0.0, ignore_eos=True)
+        got = [o.new_token_ids for o in engine.generate(prompts, sampling)]
+        del engine
+        same = sum(a == b for a, b in zip(got, expected))
+        agree = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(got, expected)]
+        result[dtype] = {"identical_sequences": same, "of": len(prompts),
+                         "mean_tokens_before_divergence": statistics.mean(agree)}
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+def decode_step_times(path: Path, shape: Shape, device: torch.device, dtype: str, work: Workload,
+                      bandwidth: float) -> list[dict]:
+    from inference.engine import SamplingParams
+
+    esize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    weight_bytes = (shape.layers * (shape.hidden * (shape.heads + 2 * shape.kv_heads) * shape.head_dim
+                                    + shape.heads * shape.head_dim * shape.hidden
+                                    + 3 * shape.hidden * shape.inter + 2 * shape.hidden)
+                    + shape.vocab * shape.hidden + shape.hidden) * esize
+    kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * esize
+    rows = []
+    for batch in work.batches:
+        max_len = work.context + work.timed_steps + 8
+        kv_mb = int(batch * (max_len + 16) * kv_per_token / 2**20) + 64
+        engine = make_engine(path, device, dtype, batch, kv_mb, max_len)
+        sampling = SamplingParams(max_tokens=work.timed_steps + 4, temperature=0.0, ignore_eos=True)
+        for i, prompt in enumerate(random_prompts(batch, work.context, shape.vocab, 2)):
+            engine.add_request(f"d{i}", prompt, sampling)
+        started = set()
+        while len(started) < batch:  # prefill everything (the first token of each comes with it)
+            started.update(o.request_id for o in engine.step() if o.new_token_ids)
+        times = []
+        for _ in range(work.timed_steps):
+            sync(device)
+            t = time.perf_counter()
+            outs = engine.step()
+            sync(device)
+            times.append(time.perf_counter() - t)
+            assert len(outs) == batch, f"expected a decode step over {batch} sequences, got {len(outs)}"
+        step_s = statistics.median(times)
+        ctx = work.context + work.timed_steps // 2
+        roofline_s = (weight_bytes + batch * ctx * kv_per_token) / (bandwidth * 1e9)
+        rows.append({"batch": batch, "context": work.context, "step_ms": step_s * 1e3,
+                     "tok_s": batch / step_s, "roofline_ms": roofline_s * 1e3,
+                     "x_roofline": step_s / roofline_s})
+        del engine
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def throughput(path: Path, shape: Shape, device: torch.device, dtype: str, work: Workload) -> dict:
+    from transformers import LlamaForCausalLM
+
+    from inference.engine import SamplingParams
+
+    prompts = random_prompts(work.requests, work.prompt_len, shape.vocab, 3)
+    kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    total_len = work.prompt_len + work.output_len
+    kv_mb = int(work.requests * (total_len + 16) * kv_per_token / 2**20) + 64
+    engine = make_engine(path, device, dtype, work.requests, kv_mb, total_len + 8)
+    sampling = SamplingParams(max_tokens=work.output_len, temperature=0.0, ignore_eos=True)
+    engine.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
+    sync(device)
+    t = time.perf_counter()
+    outs = engine.generate(prompts, sampling)
+    sync(device)
+    engine_s = time.perf_counter() - t
+    produced = sum(len(o.new_token_ids) for o in outs)
+    del engine
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    hf = LlamaForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+    ids = torch.tensor(prompts, device=device)
+    chunk = work.requests
+    with torch.no_grad():
+        hf.generate(ids[:2], attention_mask=torch.ones_like(ids[:2]), max_new_tokens=4, do_sample=False,
+                    pad_token_id=0)
+        sync(device)
+        t = time.perf_counter()
+        hf_tokens = 0
+        for start in range(0, work.requests, chunk):
+            part = ids[start:start + chunk]
+            out = hf.generate(part, attention_mask=torch.ones_like(part), max_new_tokens=work.output_len,
+                              min_new_tokens=work.output_len, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+            hf_tokens += (out.shape[1] - part.shape[1]) * part.shape[0]
+        sync(device)
+        hf_s = time.perf_counter() - t
+    del hf
+    return {"requests": work.requests, "prompt_len": work.prompt_len, "output_len": work.output_len,
+            "engine_tok_s": produced / engine_s, "engine_s": engine_s,
+            "transformers_tok_s": hf_tokens / hf_s, "transformers_s": hf_s,
+            "speedup": (produced / engine_s) / (hf_tokens / hf_s)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--shapes", nargs="+", default=None, choices=sorted(SHAPES))
+    parser.add_argument("--quick", action="store_true", help="smaller workload")
+    parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("gpu_engine.py needs a CUDA device (torch.cuda.is_available() is False). "
+                     "Use --device cpu for a tiny-shape smoke run of the script.")
+        work = QUICK if args.quick else FULL
+        shapes = args.shapes or ["smollm2-135m", "llama-3.2-1b"]
+        name = torch.cuda.get_device_name(device)
+    else:
+        work, shapes, name = SMOKE, args.shapes or ["tiny"], f"CPU ({torch.get_num_threads()} threads), smoke run"
+    bandwidth = copy_bandwidth(device)
+    print(f"device: {name}; copy bandwidth {bandwidth:.1f} GB/s; dtype {args.dtype}")
+    report = {"device": name, "dtype": args.dtype, "copy_gb_s": bandwidth, "shapes": {}}
+    for shape_name in shapes:
+        shape = SHAPES[shape_name]
+        with tempfile.TemporaryDirectory(prefix=f"gpu-engine-{shape_name}-") as tmp:
+            path = Path(tmp)
+            write_checkpoint(shape, path, seed=0)
+            entry = {}
+            if not args.skip_check:
+                entry["greedy_check"] = check_greedy(path, shape, device, work)
+                for dtype, res in entry["greedy_check"].items():
+                    print(f"[{shape_name}] greedy vs transformers ({dtype}): {res['identical_sequences']}/{res['of']}"
+                          f" identical, {res['mean_tokens_before_divergence']:.1f} tokens agree on average")
+            entry["decode"] = decode_step_times(path, shape, device, args.dtype, work, bandwidth)
+            print(f"[{shape_name}] {'batch':>5s} {'ctx':>5s} {'step ms':>9s} {'tok/s':>10s} "
+                  f"{'roofline ms':>12s} {'x roofline':>10s}")
+            for row in entry["decode"]:
+                print(f"[{shape_name}] {row['batch']:5d} {row['context']:5d} {row['step_ms']:9.3f} "
+                      f"{row['tok_s']:10.1f} {row['roofline_ms']:12.3f} {row['x_roofline']:10.2f}")
+            entry["throughput"] = throughput(path, shape, device, args.dtype, work)
+            t = entry["throughput"]
+            print(f"[{shape_name}] {t['requests']}x({t['prompt_len']} in / {t['output_len']} out): engine "
+                  f"{t['engine_tok_s']:.0f} tok/s, transformers generate {t['transformers_tok_s']:.0f} tok/s "
+                  f"({t['speedup']:.1f}x)")
+            report["shapes"][shape_name] = entry
+    if args.json:
+        print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
