@@ -46,27 +46,40 @@ class Row:
     op: str
     case: str
     impl: str
-    ms: float
+    timing: tuple[float, float]  # (median ms, best ms)
     gbytes: float
+
+    @property
+    def ms(self) -> float:
+        return self.timing[0]
+
+    @property
+    def best_ms(self) -> float:
+        return self.timing[1]
 
     @property
     def gb_s(self) -> float:
         return self.gbytes / (self.ms / 1e3) if self.ms > 0 else 0.0
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+CLOCK = time.perf_counter  # --cpu-time: time.process_time (CPU seconds; use with --threads 1)
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, reps: int) -> tuple[float, float]:
+    """(median, best) milliseconds per call."""
     if device.type == "cuda":
         from triton.testing import do_bench
 
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return (float(do_bench(fn, warmup=25, rep=100, return_mode="median")),
+                float(do_bench(fn, warmup=5, rep=50, return_mode="min")))
     for _ in range(3):
         fn()
     samples = []
     for _ in range(reps):
-        start = time.perf_counter()
+        start = CLOCK()
         fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+        samples.append((CLOCK() - start) * 1e3)
+    return statistics.median(samples), min(samples)
 
 
 def copy_bandwidth(device: torch.device, reps: int) -> float:
@@ -74,7 +87,7 @@ def copy_bandwidth(device: torch.device, reps: int) -> float:
     n = (512 << 20) // 4 if device.type == "cuda" else (128 << 20) // 4
     src = torch.empty(n, dtype=torch.float32, device=device).normal_()
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), device, reps)
+    ms = time_ms(lambda: dst.copy_(src), device, reps)[1]
     return 2 * src.numel() * 4 / (ms / 1e3) / 1e9
 
 
@@ -158,9 +171,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--reps", type=int, default=30, help="CPU timing repetitions")
+    parser.add_argument("--reps", type=int, default=40, help="CPU timing repetitions")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="CPU: time with process CPU time, robust on a shared machine (pair with --threads 1)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    global CLOCK
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        CLOCK = time.process_time
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     if device.type == "cuda":
@@ -174,7 +195,8 @@ def main() -> None:
     else:
         tune_cpu_allocator()
         with_triton = False
-        name = f"{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads (CPU)"
+        name = (f"{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads (CPU"
+                f"{', process CPU time' if args.cpu_time else ''})")
         models, batches, ctx = ("smollm2-135m",), (1, 64), 512
         print("CPU: Triton is not timed here (its interpreter is for tests); "
               "benchmarking the PyTorch references, the CPU production path.")
@@ -193,15 +215,18 @@ def main() -> None:
     hidden, inter, tokens = (576, 1536, 1024) if device.type == "cpu" else (2048, 8192, 8192)
     rows += elementwise_rows(device, dtype, tokens, hidden, inter, with_triton, reps)
 
-    print(f"device: {name}; dtype {args.dtype}; measured copy bandwidth {bandwidth:.1f} GB/s")
-    print(f"{'op':20s} {'case':38s} {'impl':24s} {'ms':>9s} {'GB/s':>8s} {'% copy':>7s}")
+    print(f"device: {name}; dtype {args.dtype}; measured copy bandwidth {bandwidth:.1f} GB/s (best of {reps})")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} (other processes skew CPU medians; "
+          "'best' is the fastest call)")
+    print(f"{'op':20s} {'case':34s} {'impl':24s} {'median ms':>10s} {'best ms':>9s} {'GB/s':>7s} {'% copy':>7s}")
     for row in rows:
-        print(f"{row.op:20s} {row.case:38s} {row.impl:24s} {row.ms:9.4f} {row.gb_s:8.1f} "
+        print(f"{row.op:20s} {row.case:34s} {row.impl:24s} {row.ms:10.4f} {row.best_ms:9.4f} {row.gb_s:7.1f} "
               f"{100 * row.gb_s / bandwidth:6.1f}%")
     if args.json:
         print(json.dumps({
             "device": name, "dtype": args.dtype, "copy_gb_s": bandwidth,
-            "rows": [{"op": r.op, "case": r.case, "impl": r.impl, "ms": r.ms, "gb_s": r.gb_s} for r in rows],
+            "rows": [{"op": r.op, "case": r.case, "impl": r.impl, "ms": r.ms, "best_ms": r.best_ms, "gb_s": r.gb_s}
+                     for r in rows],
         }))
 
 

@@ -178,7 +178,7 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             if error is not None:
                 raise error
             if reason != "abort":
-                await self._send({"type": "chunk", "id": client_id, "data": builder.finish_chunk(finish_reason=reason)})
+                await self._send({"type": "chunk", "id": client_id, "data": builder.finish_chunk(finish_reason=reason, timing=done.get("timing"))})
             await self._send({"type": "done", "id": client_id, "finish_reason": reason, "usage": usage_body(done.get("usage"))})
         except asyncio.CancelledError:
             if entry.cancel_requested:  # cancelled by the client (no engine answer in time)

@@ -12,10 +12,10 @@ from kernels._triton import check, check_model_dtype, check_same_device, jit, ke
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [T, H], weight [H] -> [T, H] in x's dtype (HF Llama rounding order)."""
-    xf = x.float()
+    xf = x.to(torch.float32, copy=True)  # a private copy: scaled in place below
     variance = xf.square().mean(-1, keepdim=True)
-    normed = (xf * torch.rsqrt(variance + eps)).to(x.dtype)
-    return normed * weight.to(x.dtype)
+    normed = xf.mul_(variance.add_(eps).rsqrt_()).to(x.dtype)
+    return normed.mul_(weight.to(x.dtype))
 
 
 def fused_add_rms_norm_ref(

@@ -49,6 +49,19 @@ def usage_body(usage: dict | None) -> dict:
     }
 
 
+def timing_body(timing: dict | None) -> dict:
+    """Extension (`stream_options.include_timing`): the worker's clocks for this request, in seconds.
+
+    queued_s: enqueue to engine start; ttft_s: enqueue to first token; e2e_s:
+    enqueue to finish (all from the web process's enqueue time); engine_*: the
+    same measured by the engine from its own add_request. benchmarks/serving.py
+    subtracts them from client-side latencies to isolate the gateway's share.
+    """
+    timing = timing or {}
+    keys = ("queued_s", "ttft_s", "e2e_s", "engine_queued_s", "engine_ttft_s", "engine_e2e_s")
+    return {key: timing.get(key) for key in keys}
+
+
 def _token_bytes(entry: dict) -> list[int]:
     raw = entry.get("bytes")
     if raw is None:
@@ -98,6 +111,7 @@ class ResponseBuilder:
     model: str
     service_tier: str
     include_usage: bool = False
+    include_timing: bool = False
     want_logprobs: bool = False
     _offset: int = field(default=0)
 
@@ -168,10 +182,14 @@ class ResponseBuilder:
             return self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}])
         return self._chunk([{"text": text, "index": 0, "logprobs": lp, "finish_reason": None}])
 
-    def finish_chunk(self, *, finish_reason: str) -> dict:
+    def finish_chunk(self, *, finish_reason: str, timing: dict | None = None) -> dict:
         if self.is_chat:
-            return self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
-        return self._chunk([{"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason}])
+            body = self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
+        else:
+            body = self._chunk([{"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason}])
+        if self.include_timing:
+            body["timing"] = timing_body(timing)
+        return body
 
     def usage_chunk(self, *, usage: dict | None) -> dict:
         body = self._head("chat.completion.chunk" if self.is_chat else "text_completion")
@@ -189,5 +207,6 @@ def response_builder(*, prepared) -> ResponseBuilder:
         model=prepared.model.name,
         service_tier=service_tier_for(prepared.auth.tier),
         include_usage=request.include_usage,
+        include_timing=request.include_timing,
         want_logprobs=request.logprobs is not None,
     )

@@ -48,6 +48,7 @@ class ApiRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams kwargs except max_tokens
     stream: bool = False
     include_usage: bool = False
+    include_timing: bool = False  # extension: the worker's timing on the last chunk
     logprobs: int | None = None  # None off; k >= 0: chosen token plus the top k
     user: str | None = None
     service_tier: str | None = None
@@ -189,20 +190,22 @@ def _logit_bias(body: dict) -> dict[int, float] | None:
     return bias
 
 
-def _stream_options(body: dict, stream: bool) -> bool:
+def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, include_timing); `include_timing` is our extension (see responses)."""
     options = body.get("stream_options")
     if options is None:
-        return False
+        return False, False
     if not isinstance(options, dict):
         raise _type_error("stream_options", "an object", options)
     if not stream:
         raise _invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
-    include = options.get("include_usage")
-    if include is None:
-        return False
-    if not isinstance(include, bool):
-        raise _type_error("stream_options.include_usage", "a boolean", include)
-    return include
+    flags = []
+    for name in ("include_usage", "include_timing"):
+        value = options.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise _type_error(f"stream_options.{name}", "a boolean", value)
+        flags.append(bool(value))
+    return flags[0], flags[1]
 
 
 def _refuse_unsupported(body: dict, checks: dict[str, Any]) -> None:
@@ -239,7 +242,7 @@ def _common(body: dict, endpoint: str) -> ApiRequest:
     if n is not None and n != 1:
         raise _invalid(f"Invalid 'n': only n=1 is supported, got {_num(n)}.", "n")
     stream = bool(f.boolean("stream"))
-    include_usage = _stream_options(body, stream)
+    include_usage, include_timing = _stream_options(body, stream)
 
     service_tier = f.string("service_tier")
     if service_tier is not None and service_tier not in SERVICE_TIERS:
@@ -280,6 +283,7 @@ def _common(body: dict, endpoint: str) -> ApiRequest:
         sampling=sampling,
         stream=stream,
         include_usage=include_usage,
+        include_timing=include_timing,
         user=f.string("user", max_chars=MAX_USER_CHARS),
         service_tier=service_tier,
     )

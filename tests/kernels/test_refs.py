@@ -218,3 +218,14 @@ def test_decode_plan_is_reused_and_rebuilt_on_change():
     out = paged_decode_attention_ref(case.q, case.k_cache, case.v_cache, case.block_tables, lens, case.scale)
     case.seq_lens = lens
     _close(out, naive_attention(case), ATTN_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_bitwise_equal_to_hf_formula(dtype):
+    x = torch.randn(5, 576).to(dtype)
+    w = torch.randn(576).to(dtype)
+    xf = x.float()
+    expected = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+    before = x.clone()
+    assert torch.equal(rms_norm_ref(x, w, 1e-5), expected)
+    assert torch.equal(x, before)  # the input is not modified

@@ -1,0 +1,247 @@
+"""Serving benchmark: N concurrent streaming clients (the `openai` SDK) against a running server.
+
+    python benchmarks/serving.py --url http://127.0.0.1:8000 --key sk-... \\
+        --concurrency 16 --requests 64 --prompt-words 96 --max-tokens 64 [--json]
+
+Phase 1 (API): a closed loop of C clients (`AsyncOpenAI`, streaming, ignore_eos so
+every request generates exactly --max-tokens) sends R chat requests. Per request:
+TTFT (send -> first content chunk) and inter-token latencies (between content
+chunks), plus the worker's own clocks for the same request, which the server
+adds to the last chunk when asked (`stream_options.include_timing`).
+
+Phase 2 (engine alone): the same prompts, token for token (same chat template),
+through an in-process `Engine` with the server's configuration, driven in the
+same closed loop of C requests in flight, after the server has gone idle.
+
+Gateway overhead, two ways, both from this one run:
+- paired: per request, client TTFT minus the worker-measured time from the
+  enqueue to the first token (`timing.ttft_s`). What is left is the gateway's own
+  path: HTTP in, auth, tokenising, enqueue, event delivery over the channel
+  layer, SSE out, client parsing. Exact per request, and immune to the two
+  phases seeing different CPU contention.
+- phases: API TTFT percentiles minus engine-alone TTFT percentiles. This also
+  charges the gateway for what it does to the engine: a request that arrives
+  over HTTP mid-step waits for the step to end (the engine-alone loop adds
+  requests exactly at step boundaries), and on a shared CPU the web process
+  competes with the engine for cores.
+Throughput: output tok/s of each phase and their ratio.
+
+Everything runs on this machine (client, server, engine): the client's own
+CPU use is part of the API phase's cost here, as it would not be on separate
+machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODEL = "smollm2-135m-instruct"
+WORDS = ("river stone lantern orchard copper meadow harbor violet thunder candle ember quartz willow falcon "
+         "saddle glacier pepper marble compass hollow cedar drift signal amber tide prairie cobalt fern").split()
+
+
+@dataclass
+class RequestStats:
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    tokens: int = 0
+    server_ttft_s: float | None = None  # worker clock: enqueue -> first token
+    engine_ttft_s: float | None = None  # engine clock: add_request -> first token
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
+def prompts_build(count: int, words: int, seed: int) -> list[list[dict]]:
+    """Distinct prompts (a numbered opening), so no request reuses another's cached prefix."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        text = f"Request {i}-{rng.randrange(10**9)}: " + " ".join(rng.choice(WORDS) for _ in range(words))
+        out.append([{"role": "user", "content": f"{text}\nWrite a story using these words."}])
+    return out
+
+
+# ---------------------------------------------------------------- phase 1: through the API
+async def api_one(client, messages, max_tokens: int) -> RequestStats:
+    stats = RequestStats()
+    sent = last = time.perf_counter()
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0.8, stream=True,
+        stream_options={"include_usage": True, "include_timing": True}, extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].delta.content:
+            if stats.ttft_s is None:
+                stats.ttft_s = now - sent
+            else:
+                stats.itl_s.append(now - last)
+            last = now
+        timing = (chunk.model_extra or {}).get("timing")
+        if timing:
+            stats.server_ttft_s, stats.engine_ttft_s = timing.get("ttft_s"), timing.get("engine_ttft_s")
+        if chunk.usage is not None:
+            stats.tokens = chunk.usage.completion_tokens
+    return stats
+
+
+async def api_phase(args, prompts) -> tuple[list[RequestStats], float]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=args.url.rstrip("/") + "/v1", api_key=args.key, max_retries=0, timeout=600)
+    for messages in prompts[: args.warmup]:
+        await api_one(client, messages, 4)
+    queue = list(enumerate(prompts[args.warmup:]))
+    results: list[RequestStats] = [None] * len(queue)  # type: ignore[list-item]
+
+    async def client_loop() -> None:
+        while queue:
+            index, messages = queue.pop(0)
+            results[index] = await api_one(client, messages, args.max_tokens)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(args.concurrency)))
+    wall = time.perf_counter() - started
+    await client.close()
+    return results, wall
+
+
+# ---------------------------------------------------------------- phase 2: the engine alone
+def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
+    from inference.engine import Engine, EngineConfig, SamplingParams
+
+    engine = Engine(EngineConfig(model=MODEL, device="cpu", dtype=args.dtype, kv_cache_mb=args.kv_cache_mb,
+                                 max_num_seqs=args.max_num_seqs))
+    tokenizer = engine.tokenizer
+    warm = SamplingParams(max_tokens=4, temperature=0.8)
+    engine.generate([tokenizer.encode_chat(m) for m in prompts[: args.warmup]], warm)
+    todo = [tokenizer.encode_chat(m) for m in prompts[args.warmup:]]
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.8, ignore_eos=True)
+    results = [RequestStats() for _ in todo]
+    added: dict[str, float] = {}
+    last: dict[str, float] = {}
+    next_index = 0
+
+    def add() -> None:
+        nonlocal next_index
+        request_id = f"bench-{next_index}"
+        added[request_id] = last[request_id] = time.perf_counter()
+        engine.add_request(request_id, todo[next_index], sampling)
+        next_index += 1
+
+    started = time.perf_counter()
+    while next_index < min(args.concurrency, len(todo)):
+        add()
+    while engine.has_unfinished():
+        for output in engine.step():
+            now = time.perf_counter()
+            stats = results[int(output.request_id.split("-")[1])]
+            if output.new_token_ids:
+                if stats.ttft_s is None:
+                    stats.ttft_s = now - added[output.request_id]
+                else:
+                    stats.itl_s.append(now - last[output.request_id])
+                last[output.request_id] = now
+            if output.finished:
+                stats.tokens = output.usage.completion_tokens
+                if next_index < len(todo):
+                    add()
+    return results, time.perf_counter() - started
+
+
+# ---------------------------------------------------------------- report
+def summary(results: list[RequestStats], wall: float) -> dict:
+    ttft = [r.ttft_s for r in results if r.ttft_s is not None]
+    itl = [x for r in results for x in r.itl_s]
+    tokens = sum(r.tokens for r in results)
+    return {
+        "requests": len(results), "output_tokens": tokens, "wall_s": round(wall, 2),
+        "output_tok_s": round(tokens / wall, 1) if wall else None,
+        "ttft_p50_ms": ms(pct(ttft, 50)), "ttft_p99_ms": ms(pct(ttft, 99)),
+        "itl_p50_ms": ms(pct(itl, 50)), "itl_p99_ms": ms(pct(itl, 99)),
+    }
+
+
+def gateway(api: list[RequestStats], api_sum: dict, engine_sum: dict | None) -> dict:
+    paired = [r.ttft_s - r.server_ttft_s for r in api if r.ttft_s is not None and r.server_ttft_s is not None]
+    hop = [r.server_ttft_s - r.engine_ttft_s for r in api if r.server_ttft_s is not None and r.engine_ttft_s is not None]
+    out = {
+        "paired_overhead_p50_ms": ms(pct(paired, 50)), "paired_overhead_p99_ms": ms(pct(paired, 99)),
+        "paired_overhead_mean_ms": ms(statistics.fmean(paired)) if paired else None,
+        "queue_to_engine_p50_ms": ms(pct(hop, 50)), "queue_to_engine_p99_ms": ms(pct(hop, 99)),
+    }
+    if engine_sum:
+        out["phase_ttft_p50_diff_ms"] = round(api_sum["ttft_p50_ms"] - engine_sum["ttft_p50_ms"], 2)
+        out["phase_ttft_p99_diff_ms"] = round(api_sum["ttft_p99_ms"] - engine_sum["ttft_p99_ms"], 2)
+        out["throughput_ratio"] = round(api_sum["output_tok_s"] / engine_sum["output_tok_s"], 3)
+    return out
+
+
+def machine() -> dict:
+    import torch
+
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--key", default=os.environ.get("OPENAI_API_KEY"), help="API key (default $OPENAI_API_KEY)")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--prompt-words", type=int, default=96, help="~1.3 tokens per word, plus the chat template")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-engine", action="store_true", help="skip phase 2 (the engine alone)")
+    parser.add_argument("--dtype", default="bfloat16", help="phase 2: match the server's ENGINE_DTYPE")
+    parser.add_argument("--kv-cache-mb", type=int, default=512, help="phase 2: match ENGINE_KV_CACHE_MB")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="phase 2: match ENGINE_MAX_NUM_SEQS")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object with every figure")
+    args = parser.parse_args()
+    if not args.key:
+        parser.error("--key (or $OPENAI_API_KEY) is required")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    prompts = prompts_build(args.warmup + args.requests, args.prompt_words, args.seed)
+
+    api_results, api_wall = asyncio.run(api_phase(args, prompts))
+    api_sum = summary(api_results, api_wall)
+    engine_sum = None
+    if not args.no_engine:
+        engine_results, engine_wall = engine_phase(args, prompts)
+        engine_sum = summary(engine_results, engine_wall)
+    report = {
+        "config": {k: getattr(args, k) for k in ("url", "concurrency", "requests", "prompt_words", "max_tokens", "dtype")},
+        "machine": machine(), "api": api_sum, "engine_alone": engine_sum, "gateway": gateway(api_results, api_sum, engine_sum),
+    }
+    for section in ("api", "engine_alone", "gateway"):
+        if report[section]:
+            print(f"{section:13s} " + "  ".join(f"{k}={v}" for k, v in report[section].items()))
+    if args.json:
+        print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Engine API behaviour: streaming deltas, usage and timing, validation, stats."""
+
+import pytest
+
+from inference.engine import EngineValidationError, RequestOutput, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine(make_engine):
+    return make_engine(max_model_len=512)
+
+
+def test_streamed_deltas_concatenate_to_the_decode_without_leaking_the_prompt(engine, tokenizer, chat_prompts):
+    prompt = chat_prompts[2]  # Chinese: multi-byte characters split across tokens
+    engine.add_request("cjk", prompt, SamplingParams(temperature=0.0, max_tokens=30))
+    outs: list[RequestOutput] = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    tokens = [t for o in outs for t in o.new_token_ids]
+    text = "".join(o.delta_text for o in outs)
+    assert text == tokenizer.decode(tokens)
+    assert not any("\ufffd" in o.delta_text for o in outs)
+    first_text = next(o.delta_text for o in outs if o.delta_text)
+    assert "assistant" not in first_text and "<|im_start|>" not in first_text
+    last = outs[-1]
+    assert last.finished and sum(not o.finished for o in outs) == len(outs) - 1
+    assert last.usage.prompt_tokens == len(prompt) and last.usage.completion_tokens == len(tokens)
+    t = last.timing
+    assert 0 <= t.queued_s <= t.ttft_s <= t.e2e_s
+
+
+@pytest.mark.parametrize("prompt_len,sp,param", [
+    (0, SamplingParams(), "messages"),
+    (500, SamplingParams(max_tokens=20), "messages"),
+    (10, SamplingParams(top_p=0.0), "top_p"),
+    (10, SamplingParams(max_tokens=-1), "max_tokens"),
+])
+def test_add_request_validation(engine, prompt_len, sp, param):
+    with pytest.raises(EngineValidationError) as err:
+        engine.add_request("bad", [5] * prompt_len, sp, prompt_param="messages")
+    assert err.value.param == param
+    assert not engine.has_unfinished()
+
+
+def test_max_tokens_none_runs_to_the_context_limit(make_engine, chat_prompts):
+    engine = make_engine(max_model_len=64)
+    out = engine.generate([chat_prompts[0]], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))[0]
+    assert out.finish_reason == "length"
+    assert len(chat_prompts[0]) + out.usage.completion_tokens == 64
+
+
+def test_abort_reports_once_and_stats(engine, chat_prompts):
+    engine.add_request("x", chat_prompts[1], SamplingParams(temperature=0.0, max_tokens=50))
+    engine.step()
+    assert engine.stats()["running"] == 1 and engine.stats()["kv_usage"] > 0
+    assert engine.abort("x")
+    outs = engine.step()
+    assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [("x", True, "abort")]
+    assert outs[0].usage.completion_tokens == 1
+    assert not engine.has_unfinished() and engine.step() == []
+    stats = engine.stats()
+    assert stats["running"] == 0 and stats["waiting"] == 0 and stats["kv_usage"] == 0.0
+    for key in ("prefix_cache_hit_rate", "generation_tok_s", "prompt_tok_s", "preemptions", "steps"):
+        assert key in stats
