@@ -17,11 +17,13 @@ if settings.DEBUG:  # `make run`: admin CSS/JS from the app finders; production 
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from inference.api.asgi import api_http_router  # noqa: E402
 from inference.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # the completion endpoints skip the middleware stack (see inference/api/asgi.py)
+        "http": api_http_router(django_asgi_app),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

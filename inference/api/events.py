@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 
 from django.conf import settings
 
-from inference.errors import ApiError, ServiceUnavailable
+from inference.errors import ApiError, InvalidRequest, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +142,26 @@ class JobRun:
             )
 
 
+_PARAM_SUFFIX = re.compile(r"^(?P<message>.*) \(param: (?P<param>[\w.\[\]]+)\)$", re.DOTALL)
+
+
 def done_error(done: dict) -> ApiError | None:
-    """The error a finished job ended with, if any (an `abort` we did not ask for counts)."""
+    """The error a finished job ended with, if any (an `abort` we did not ask for counts).
+
+    The engine re-validates each request when the worker adds it; a failure
+    there names the parameter (`error_param`, or the worker's "... (param: X)"
+    suffix) and is the client's fault: 400, not 500.
+    """
     reason = done.get("finish_reason")
     if reason == "error":
-        return EngineFailed(f"The engine failed while generating: {done.get('error') or 'unknown error'}")
+        error = str(done.get("error") or "unknown error")
+        param = done.get("error_param")
+        match = _PARAM_SUFFIX.match(error)
+        if param is None and match is not None:
+            error, param = match.group("message"), match.group("param")
+        if param:
+            return InvalidRequest(error, param=param, code="invalid_value")
+        return EngineFailed(f"The engine failed while generating: {error}")
     if reason == "abort":
         return EngineFailed("The request was aborted by the server before it finished.", code="aborted")
     return None

@@ -15,8 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.api.parsing import json_type_name
-from inference.errors import InvalidRequest
+from inference.api.fields import Fields, brief, invalid, is_int, is_number, num, text_check, type_error
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
@@ -58,102 +57,6 @@ class ApiRequest:
         return "messages" if self.endpoint == CHAT else "prompt"
 
 
-def _invalid(message: str, param: str | None, code: str = "invalid_value") -> InvalidRequest:
-    return InvalidRequest(message, param=param, code=code)
-
-
-def _type_error(param: str, expected: str, value: Any) -> InvalidRequest:
-    return _invalid(
-        f"Invalid type for '{param}': expected {expected}, but got {json_type_name(value)} instead.",
-        param,
-        "invalid_type",
-    )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def text_check(value: Any, param: str, *, allow_empty: bool = True) -> str:
-    """A string that is valid Unicode (JSON escapes can smuggle in lone surrogates)."""
-    if not isinstance(value, str):
-        raise _type_error(param, "a string", value)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _invalid(f"Invalid '{param}': the string is not valid Unicode (lone surrogate).", param) from None
-    if not allow_empty and not value:
-        raise _invalid(f"Invalid '{param}': empty string.", param)
-    return value
-
-
-class _Fields:
-    """Typed, range-checked access to the optional fields of a request body (null = absent)."""
-
-    def __init__(self, body: dict) -> None:
-        self.body = body
-
-    def get(self, name: str) -> Any:
-        return self.body.get(name)
-
-    def integer(self, name: str, *, lo: int | None = None, hi: int | None = None) -> int | None:
-        value = self.body.get(name)
-        if value is None:
-            return None
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            value = int(value)  # 5.0 is an integer in JSON Schema terms
-        if not _is_int(value):
-            raise _type_error(name, "an integer", value)
-        if lo is not None and value < lo:
-            raise _invalid(f"Invalid '{name}': integer below minimum value. Expected a value >= {lo}, but got {value} instead.", name)
-        if hi is not None and value > hi:
-            raise _invalid(f"Invalid '{name}': integer above maximum value. Expected a value <= {hi}, but got {_num(value)} instead.", name)
-        return value
-
-    def number(self, name: str, *, lo: float, hi: float | None, lo_open: bool = False) -> float | None:
-        value = self.body.get(name)
-        if value is None:
-            return None
-        if not _is_number(value):
-            raise _type_error(name, "a decimal", value)
-        value = float(value) if not isinstance(value, float) else value
-        if not math.isfinite(value):
-            raise _invalid(f"Invalid '{name}': expected a finite number.", name)
-        if value < lo or (lo_open and value == lo):
-            bound = f"> {_num(lo)}" if lo_open else f">= {_num(lo)}"
-            raise _invalid(f"Invalid '{name}': decimal below minimum value. Expected a value {bound}, but got {_num(value)} instead.", name)
-        if hi is not None and value > hi:
-            raise _invalid(f"Invalid '{name}': decimal above maximum value. Expected a value <= {_num(hi)}, but got {_num(value)} instead.", name)
-        return value
-
-    def boolean(self, name: str) -> bool | None:
-        value = self.body.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, bool):
-            raise _type_error(name, "a boolean", value)
-        return value
-
-    def string(self, name: str, *, max_chars: int | None = None) -> str | None:
-        value = self.body.get(name)
-        if value is None:
-            return None
-        text_check(value, name)
-        if max_chars is not None and len(value) > max_chars:
-            raise _invalid(f"Invalid '{name}': string too long. Expected at most {max_chars} characters.", name)
-        return value
-
-
-def _num(value: float) -> str:
-    if isinstance(value, int) and abs(value) > 10**15:
-        return f"{value:.3e}"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 # ---------------------------------------------------------------- shared fields
 def _stop(body: dict) -> list[str]:
     value = body.get("stop")
@@ -161,14 +64,14 @@ def _stop(body: dict) -> list[str]:
         return []
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list):
-        raise _type_error("stop", "a string or an array of strings", value)
+        raise type_error("stop", "a string or an array of strings", value)
     if len(items) > MAX_STOP:
-        raise _invalid(f"Invalid 'stop': array too long. Expected at most {MAX_STOP} stop sequences, but got {len(items)}.", "stop")
+        raise invalid(f"Invalid 'stop': array too long. Expected at most {MAX_STOP} stop sequences, but got {len(items)}.", "stop")
     for index, item in enumerate(items):
         param = "stop" if isinstance(value, str) else f"stop[{index}]"
         text_check(item, param, allow_empty=False)
         if len(item) > MAX_STOP_CHARS:
-            raise _invalid(f"Invalid '{param}': stop sequences are limited to {MAX_STOP_CHARS} characters.", param)
+            raise invalid(f"Invalid '{param}': stop sequences are limited to {MAX_STOP_CHARS} characters.", param)
     return list(items)
 
 
@@ -177,15 +80,15 @@ def _logit_bias(body: dict) -> dict[int, float] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise _type_error("logit_bias", "an object mapping token ids to biases", value)
+        raise type_error("logit_bias", "an object mapping token ids to biases", value)
     if len(value) > MAX_LOGIT_BIAS:
-        raise _invalid(f"Invalid 'logit_bias': at most {MAX_LOGIT_BIAS} entries are allowed.", "logit_bias")
+        raise invalid(f"Invalid 'logit_bias': at most {MAX_LOGIT_BIAS} entries are allowed.", "logit_bias")
     bias: dict[int, float] = {}
     for key, amount in value.items():
         if not _TOKEN_ID_RE.fullmatch(key):
-            raise _invalid(f"Invalid 'logit_bias': key {key[:40]!r} is not a token id.", "logit_bias")
-        if not _is_number(amount) or not math.isfinite(amount) or not -100 <= amount <= 100:
-            raise _invalid(f"Invalid 'logit_bias': the bias for token {key} must be a number between -100 and 100.", "logit_bias")
+            raise invalid(f"Invalid 'logit_bias': key {key[:40]!r} is not a token id.", "logit_bias")
+        if not is_number(amount) or not math.isfinite(amount) or not -100 <= amount <= 100:
+            raise invalid(f"Invalid 'logit_bias': the bias for token {key} must be a number between -100 and 100.", "logit_bias")
         bias[int(key)] = float(amount)
     return bias
 
@@ -196,14 +99,14 @@ def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
     if options is None:
         return False, False
     if not isinstance(options, dict):
-        raise _type_error("stream_options", "an object", options)
+        raise type_error("stream_options", "an object", options)
     if not stream:
-        raise _invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
+        raise invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
     flags = []
     for name in ("include_usage", "include_timing"):
         value = options.get(name)
         if value is not None and not isinstance(value, bool):
-            raise _type_error(f"stream_options.{name}", "a boolean", value)
+            raise type_error(f"stream_options.{name}", "a boolean", value)
         flags.append(bool(value))
     return flags[0], flags[1]
 
@@ -214,22 +117,17 @@ def _refuse_unsupported(body: dict, checks: dict[str, Any]) -> None:
         value = body.get(name)
         if value is None or value == neutral or (isinstance(neutral, tuple) and value in neutral):
             continue
-        raise _invalid(f"The parameter '{name}' is not supported by this server (got {_brief(value)}).", name, "unsupported_parameter")
-
-
-def _brief(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+        raise invalid(f"The parameter '{name}' is not supported by this server (got {brief(value)}).", name, "unsupported_parameter")
 
 
 def _common(body: dict, endpoint: str) -> ApiRequest:
-    f = _Fields(body)
+    f = Fields(body)
     model = body.get("model")
     if model is None:
-        raise _invalid("You must provide a model parameter.", "model", "missing_required_parameter")
+        raise invalid("You must provide a model parameter.", "model", "missing_required_parameter")
     text_check(model, "model", allow_empty=False)
     if len(model) > 200:
-        raise _invalid("Invalid 'model': string too long.", "model")
+        raise invalid("Invalid 'model': string too long.", "model")
 
     max_tokens = f.integer("max_tokens", lo=1)
     max_tokens_param = "max_tokens"
@@ -240,13 +138,13 @@ def _common(body: dict, endpoint: str) -> ApiRequest:
 
     n = f.integer("n")
     if n is not None and n != 1:
-        raise _invalid(f"Invalid 'n': only n=1 is supported, got {_num(n)}.", "n")
+        raise invalid(f"Invalid 'n': only n=1 is supported, got {num(n)}.", "n")
     stream = bool(f.boolean("stream"))
     include_usage, include_timing = _stream_options(body, stream)
 
     service_tier = f.string("service_tier")
     if service_tier is not None and service_tier not in SERVICE_TIERS:
-        raise _invalid(f"Invalid 'service_tier': expected one of {', '.join(SERVICE_TIERS)}.", "service_tier")
+        raise invalid(f"Invalid 'service_tier': expected one of {', '.join(SERVICE_TIERS)}.", "service_tier")
 
     top_k = f.integer("top_k", lo=-1)
     sampling: dict[str, Any] = {
@@ -266,14 +164,14 @@ def _common(body: dict, endpoint: str) -> ApiRequest:
     stop_token_ids = body.get("stop_token_ids")
     if stop_token_ids is not None:
         if not isinstance(stop_token_ids, list) or len(stop_token_ids) > 64 or not all(
-            _is_int(t) and 0 <= t < 2**31 for t in stop_token_ids
+            is_int(t) and 0 <= t < 2**31 for t in stop_token_ids
         ):
-            raise _invalid("Invalid 'stop_token_ids': expected at most 64 token ids.", "stop_token_ids")
+            raise invalid("Invalid 'stop_token_ids': expected at most 64 token ids.", "stop_token_ids")
         sampling["stop_token_ids"] = list(stop_token_ids)
     sampling = {key: value for key, value in sampling.items() if value is not None}
     min_tokens = sampling.get("min_tokens")
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
-        raise _invalid("Invalid 'min_tokens': must not exceed max_tokens.", "min_tokens")
+        raise invalid("Invalid 'min_tokens': must not exceed max_tokens.", "min_tokens")
 
     return ApiRequest(
         endpoint=endpoint,
@@ -296,20 +194,20 @@ def _message_content(message: dict, index: int, role: str) -> str:
     if content is None:
         if role == "assistant":  # an assistant turn may carry only tool calls in OpenAI's API
             return ""
-        raise _invalid(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
+        raise invalid(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
     if isinstance(content, str):
         return text_check(content, param)
     if not isinstance(content, list):
-        raise _type_error(param, "a string or an array of content parts", content)
+        raise type_error(param, "a string or an array of content parts", content)
     texts = []
     for part_index, part in enumerate(content):
         part_param = f"{param}[{part_index}]"
         if not isinstance(part, dict):
-            raise _type_error(part_param, "an object", part)
+            raise type_error(part_param, "an object", part)
         kind = part.get("type")
         if kind != "text":
-            raise _invalid(
-                f"Invalid '{part_param}.type': only 'text' content parts are supported, got {_brief(kind)}.",
+            raise invalid(
+                f"Invalid '{part_param}.type': only 'text' content parts are supported, got {brief(kind)}.",
                 f"{part_param}.type",
             )
         texts.append(text_check(part.get("text"), f"{part_param}.text"))
@@ -319,32 +217,32 @@ def _message_content(message: dict, index: int, role: str) -> str:
 def _messages(body: dict) -> list[dict[str, str]]:
     messages = body.get("messages")
     if messages is None:
-        raise _invalid("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
+        raise invalid("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
     if not isinstance(messages, list):
-        raise _type_error("messages", "an array", messages)
+        raise type_error("messages", "an array", messages)
     if not messages:
-        raise _invalid("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.", "messages", "empty_array")
+        raise invalid("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.", "messages", "empty_array")
     if len(messages) > MAX_MESSAGES:
-        raise _invalid(f"Invalid 'messages': at most {MAX_MESSAGES} messages are allowed.", "messages")
+        raise invalid(f"Invalid 'messages': at most {MAX_MESSAGES} messages are allowed.", "messages")
     normalised = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise _type_error(f"messages[{index}]", "an object", message)
+            raise type_error(f"messages[{index}]", "an object", message)
         role = message.get("role")
         role_param = f"messages[{index}].role"
         if role is None:
-            raise _invalid(f"Missing required parameter: '{role_param}'.", role_param, "missing_required_parameter")
+            raise invalid(f"Missing required parameter: '{role_param}'.", role_param, "missing_required_parameter")
         if not isinstance(role, str):
-            raise _type_error(role_param, "a string", role)
+            raise type_error(role_param, "a string", role)
         if role in ("tool", "function"):
-            raise _invalid(f"Invalid '{role_param}': tool messages are not supported by this server.", role_param, "unsupported_value")
+            raise invalid(f"Invalid '{role_param}': tool messages are not supported by this server.", role_param, "unsupported_value")
         if role not in ROLE_ALIASES:
-            raise _invalid(
-                f"Invalid value: {_brief(role)}. Supported values are: 'system', 'developer', 'user' and 'assistant'.",
+            raise invalid(
+                f"Invalid value: {brief(role)}. Supported values are: 'system', 'developer', 'user' and 'assistant'.",
                 role_param,
             )
         if message.get("tool_calls"):
-            raise _invalid("Tool calls are not supported by this server.", f"messages[{index}].tool_calls", "unsupported_value")
+            raise invalid("Tool calls are not supported by this server.", f"messages[{index}].tool_calls", "unsupported_value")
         name = message.get("name")
         if name is not None:
             text_check(name, f"messages[{index}].name")
@@ -356,22 +254,22 @@ def chat_request_parse(*, body: dict) -> ApiRequest:
     """Validate a `/v1/chat/completions` body."""
     request = _common(body, CHAT)
     request.messages = _messages(body)
-    f = _Fields(body)
+    f = Fields(body)
     logprobs = f.boolean("logprobs")
     top_logprobs = f.integer("top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top_logprobs is not None and not logprobs:
-        raise _invalid("Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is used.", "top_logprobs")
+        raise invalid("Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is used.", "top_logprobs")
     request.logprobs = (top_logprobs or 0) if logprobs else None
     _refuse_unsupported(body, {"tools": [], "functions": [], "audio": None, "prediction": None})
     response_format = body.get("response_format")
     if response_format is not None:
         if not isinstance(response_format, dict):
-            raise _type_error("response_format", "an object", response_format)
+            raise type_error("response_format", "an object", response_format)
         if response_format.get("type") != "text":
-            raise _invalid("Only response_format {'type': 'text'} is supported by this server.", "response_format.type", "unsupported_value")
+            raise invalid("Only response_format {'type': 'text'} is supported by this server.", "response_format.type", "unsupported_value")
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
-        raise _invalid("Only the 'text' modality is supported.", "modalities", "unsupported_value")
+        raise invalid("Only the 'text' modality is supported.", "modalities", "unsupported_value")
     return request
 
 
@@ -379,28 +277,28 @@ def chat_request_parse(*, body: dict) -> ApiRequest:
 def _prompt(body: dict) -> tuple[str | None, list[int] | None]:
     prompt = body.get("prompt")
     if prompt is None:
-        raise _invalid("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
+        raise invalid("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
     if isinstance(prompt, str):
         return text_check(prompt, "prompt"), None
     if not isinstance(prompt, list):
-        raise _type_error("prompt", "a string, an array of strings or an array of token ids", prompt)
+        raise type_error("prompt", "a string, an array of strings or an array of token ids", prompt)
     if not prompt:
-        raise _invalid("Invalid 'prompt': empty array.", "prompt", "empty_array")
-    if all(_is_int(item) for item in prompt):
+        raise invalid("Invalid 'prompt': empty array.", "prompt", "empty_array")
+    if all(is_int(item) for item in prompt):
         return None, _token_ids(prompt, "prompt")
     if len(prompt) > 1:
-        raise _invalid("Invalid 'prompt': only one prompt per request is supported (n=1).", "prompt")
+        raise invalid("Invalid 'prompt': only one prompt per request is supported (n=1).", "prompt")
     only = prompt[0]
     if isinstance(only, str):
         return text_check(only, "prompt[0]"), None
-    if isinstance(only, list) and only and all(_is_int(item) for item in only):
+    if isinstance(only, list) and only and all(is_int(item) for item in only):
         return None, _token_ids(only, "prompt[0]")
-    raise _type_error("prompt[0]", "a string or an array of token ids", only)
+    raise type_error("prompt[0]", "a string or an array of token ids", only)
 
 
 def _token_ids(ids: list[int], param: str) -> list[int]:
     if any(item < 0 or item >= 2**31 for item in ids):
-        raise _invalid(f"Invalid '{param}': token ids must be non-negative 32-bit integers.", param)
+        raise invalid(f"Invalid '{param}': token ids must be non-negative 32-bit integers.", param)
     return list(ids)
 
 
@@ -408,7 +306,7 @@ def completion_request_parse(*, body: dict) -> ApiRequest:
     """Validate a `/v1/completions` body."""
     request = _common(body, COMPLETIONS)
     request.prompt, request.prompt_token_ids = _prompt(body)
-    request.logprobs = _Fields(body).integer("logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    request.logprobs = Fields(body).integer("logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     _refuse_unsupported(body, {"echo": False, "best_of": 1, "suffix": ("",)})
     return request
 
@@ -418,4 +316,4 @@ def api_request_parse(*, endpoint: str, body: dict) -> ApiRequest:
         return chat_request_parse(body=body)
     if endpoint == COMPLETIONS:
         return completion_request_parse(body=body)
-    raise _invalid(f"Unknown endpoint {_brief(endpoint)}; expected 'chat.completions' or 'completions'.", "endpoint")
+    raise invalid(f"Unknown endpoint {brief(endpoint)}; expected 'chat.completions' or 'completions'.", "endpoint")

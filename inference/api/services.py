@@ -23,7 +23,10 @@ from inference.errors import ApiError, InvalidRequest, ServiceUnavailable
 INLINE_TOKENIZE_CHARS = 8192
 INFERENCE_SCOPE = "inference"
 
+LIVE_WORKERS_TTL_S = 1.0
+
 _tokenizers_loaded: set[str] = set()
+_live_until: dict[str, float] = {}  # model -> monotonic time until which a worker is known alive
 
 
 @dataclass(slots=True)
@@ -201,15 +204,25 @@ async def _capacity_check(model: str) -> None:
         except Exception as exc:
             raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
         return
+    now = time.monotonic()
+    if _live_until.get(model, 0.0) > now:
+        return
     from inference.queue import get_job_queue
 
     workers = await asyncio.to_thread(get_job_queue().live_workers, model)
-    if not workers:
-        raise ServiceUnavailable(
-            f"No worker is serving the model `{model}` right now. Please retry later.",
-            code="no_worker",
-            headers={"Retry-After": "5"},
-        )
+    if workers:
+        # Heartbeats come every second; trusting a positive answer for one more
+        # second spares a Redis round trip per request. A request that slips in
+        # after the last worker died waits on the queue, and JobRun's idle
+        # liveness check ends it with a 503.
+        _live_until[model] = now + LIVE_WORKERS_TTL_S
+        return
+    _live_until.pop(model, None)
+    raise ServiceUnavailable(
+        f"No worker is serving the model `{model}` right now. Please retry later.",
+        code="no_worker",
+        headers={"Retry-After": "5"},
+    )
 
 
 async def ajob_submit(*, prepared: PreparedRequest):

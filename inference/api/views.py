@@ -21,7 +21,8 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from django.core.exceptions import RequestDataTooBig
+from django.conf import settings
+from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -30,7 +31,7 @@ from inference.api.parsing import MAX_BODY_BYTES, json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
 from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse
 from inference.api.services import PreparedRequest, ajob_submit, arequest_prepare, request_id_new
-from inference.errors import ApiError, error_body, error_json_response
+from inference.errors import ApiError, InvalidRequest, error_body, error_json_response
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,13 @@ def _sse(obj: dict) -> bytes:
 
 def _common_headers(response: HttpResponse, *, request, request_id: str, started: float) -> HttpResponse:
     response["x-request-id"] = request_id
+    # What SecurityMiddleware would add (these paths skip the middleware stack: inference/api/asgi.py)
+    response["X-Content-Type-Options"] = "nosniff"
+    if settings.SECURE_HSTS_SECONDS and request.is_secure():
+        hsts = f"max-age={settings.SECURE_HSTS_SECONDS}"
+        if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+            hsts += "; includeSubDomains"
+        response["Strict-Transport-Security"] = hsts + ("; preload" if settings.SECURE_HSTS_PRELOAD else "")
     response["openai-processing-ms"] = str(int((time.perf_counter() - started) * 1000))
     client_id = request.headers.get("X-Client-Request-Id")
     if client_id and len(client_id) <= _MAX_CLIENT_REQUEST_ID and client_id.isascii() and client_id.isprintable():
@@ -123,6 +131,7 @@ async def _serve(request, endpoint: str) -> HttpResponse:
     started = time.perf_counter()
     request_id = request_id_new()
     try:
+        request.get_host()  # ALLOWED_HOSTS (DisallowedHost -> 400), as CommonMiddleware would check
         if request.method != "POST":
             raise ApiError(f"Method {request.method} is not allowed; use POST.", status=405, code="method_not_allowed")
         auth = await _authenticate(request)
@@ -136,6 +145,8 @@ async def _serve(request, endpoint: str) -> HttpResponse:
             response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
         else:
             response = HttpResponse(_dumps(await _collect(run, builder)), content_type="application/json")
+    except DisallowedHost:
+        response = error_json_response(InvalidRequest("Invalid Host header.", code="invalid_host"))
     except ApiError as exc:
         response = error_json_response(exc)
         if exc.status_code == 405:

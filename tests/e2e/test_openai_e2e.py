@@ -18,6 +18,7 @@ import openai
 import pytest
 import redis
 
+from inference.api.services import LIVE_WORKERS_TTL_S
 from tests.e2e.processes import (
     MODEL, api_key_new, database_prepare, postgres_database_reset, process_env, servers_required, usage_record_wait,
     usage_records, wait_until, web_start, worker_start,
@@ -177,6 +178,7 @@ def test_503_when_no_worker_is_alive(stack):
     worker.signal(signal.SIGTERM)
     worker.popen.wait(60)
     wait_until(lambda: not queue.live_workers(MODEL), timeout=30, what="the worker to unregister")
+    time.sleep(LIVE_WORKERS_TTL_S + 0.1)  # the web process trusts a live worker for this long
     for call in (
         lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2),
         lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=2, stream=True),

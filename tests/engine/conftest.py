@@ -53,3 +53,9 @@ def hf_smollm_fp32(gguf_path):
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
                                                  dtype=torch.float32)
     return model.eval()
+
+
+# ---- engine fixtures (engine helper): engines over the shared float32 load, prompts ----
+from tests.engine.engine_fixtures import (  # noqa: E402,F401
+    chat_prompts, engine_model_f32, hf_logits, hf_model_f32, make_engine, tokenizer,
+)

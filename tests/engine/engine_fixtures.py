@@ -1,9 +1,8 @@
-"""Engine test fixtures (loaded by tests/engine/conftest.py): one float32 SmolLM2
-load per session shared by every engine, the HF transformers reference, prompts."""
+"""Engine test fixtures, imported at the end of tests/engine/conftest.py. They build on
+the model helper's session fixtures there (smollm_fp32, hf_smollm_fp32): one float32
+load shared by every engine, the HF transformers reference, chat prompts."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -25,11 +24,9 @@ CHAT_PROMPTS = [
 
 
 @pytest.fixture(scope="session")
-def engine_model_f32():
+def engine_model_f32(smollm_fp32):
     """The float32 LoadedModel shared by all engine tests (weights loaded once)."""
-    from inference.engine.loader import load_model
-
-    return load_model(MODEL, dtype=torch.float32, device="cpu")
+    return smollm_fp32
 
 
 @pytest.fixture(scope="session")
@@ -58,19 +55,9 @@ def chat_prompts(tokenizer):
 
 
 @pytest.fixture(scope="session")
-def hf_model_f32():
+def hf_model_f32(hf_smollm_fp32):
     """Hugging Face transformers' LlamaForCausalLM on the same GGUF, float32 (the reference)."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    from inference.engine.registry import builtin_gguf_path
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    path = builtin_gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    return model.eval()
+    return hf_smollm_fp32
 
 
 @pytest.fixture(scope="session")

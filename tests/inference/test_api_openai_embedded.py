@@ -117,6 +117,17 @@ def test_completions_whole_and_streamed(client, server, tokenizer):
     assert record["endpoint"] == "completions" and record["completion_tokens"] == whole.usage.completion_tokens
 
 
+def test_include_timing_extension(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=5, stream=True,
+        stream_options={"include_usage": True, "include_timing": True})
+    chunks = list(stream)
+    [finish] = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    timing = finish.model_extra["timing"]
+    assert 0 <= timing["engine_ttft_s"] <= timing["ttft_s"] <= timing["e2e_s"]
+    assert all("timing" not in (c.model_extra or {}) for c in chunks if c is not finish)
+
+
 def test_token_id_prompt_matches_text_prompt(client, tokenizer):
     ids = tokenizer.encode("One, two, three,", add_special_tokens=True)
     by_text = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=8, temperature=0)

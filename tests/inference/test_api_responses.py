@@ -81,3 +81,22 @@ def test_service_tier_mapping(priority, expected):
     tier = Tier()
     tier.priority = priority
     assert service_tier_for(tier) == expected
+
+
+@pytest.mark.parametrize(("done", "status", "param"), [
+    ({"finish_reason": "stop"}, None, None),
+    ({"finish_reason": "length"}, None, None),
+    ({"finish_reason": "error", "error": "worker died"}, 500, None),
+    ({"finish_reason": "error", "error": "prompt too long for this worker (param: messages)"}, 400, "messages"),
+    ({"finish_reason": "error", "error": "bad", "error_param": "top_p"}, 400, "top_p"),
+    ({"finish_reason": "abort"}, 500, None),
+])
+def test_done_event_errors(done, status, param):
+    from inference.api.events import done_error
+
+    error = done_error(done)
+    if status is None:
+        assert error is None
+    else:
+        assert error.status_code == status and error.param == param
+        assert set(error.body()["error"]) == {"message", "type", "param", "code"}

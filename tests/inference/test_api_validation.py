@@ -265,6 +265,7 @@ def check(response, status: int, *, param, code=None, error_type="invalid_reques
     assert response.headers["content-type"].startswith("application/json")
     assert len(response.headers["x-request-id"]) == 32
     assert int(response.headers["openai-processing-ms"]) >= 0
+    assert response.headers["x-content-type-options"] == "nosniff"
     assert_openai_error(response.json(), param=param, code=code, error_type=error_type)
 
 
@@ -373,3 +374,9 @@ async def test_method_size_and_headers(asgi_client, key):
     assert response.headers["x-client-request-id"] == "my-trace-1"
     response = await post(asgi_client, "/v1/chat/completions", key, chat(n=2), **{"X-Client-Request-Id": "x" * 600})
     assert "x-client-request-id" not in response.headers
+
+
+@pytestmark_db
+async def test_host_header_is_checked(asgi_client, key):
+    response = await post(asgi_client, "/v1/chat/completions", key, chat(), Host="evil.example")
+    check(response, 400, param=None, code="invalid_host")

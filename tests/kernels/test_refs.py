@@ -152,29 +152,36 @@ def test_dispatch_picks_refs_on_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_attention_bucketed_large_mixed_batch(dtype):
+def test_decode_attention_chunked_large_mixed_batch(dtype, monkeypatch):
+    from kernels import paged_decode_attention as pda
+
     gen = torch.Generator().manual_seed(5)
     seq_lens = torch.randint(1, 140, (40,), generator=gen).tolist()
     case = make_paged_case([1] * 40, seq_lens, 6, 2, 16, 16, dtype, seed=4)
-    from kernels.paged_decode_attention import plan_buckets
-
-    buckets = plan_buckets(seq_lens, 16)
-    assert len(buckets) > 1 and sorted(i for b in buckets for i in b) == list(range(40))
+    token_bytes = 2 * 16 * case.k_cache.element_size()
+    monkeypatch.setattr(pda, "CHUNK_BYTES", 30 * 16 * token_bytes)  # force several chunks
+    pda._last_plan.plan = None
+    chunks = pda.plan_chunks(seq_lens, 16, token_bytes)
+    assert len(chunks) > 1 and sorted(i for c in chunks for i in c) == list(range(40))
     out = paged_decode_attention_ref(
         case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale
     )
     _close(out, naive_attention(case), ATTN_TOL[dtype])
 
 
-def test_plan_buckets_keeps_uniform_batches_whole():
-    assert plan_buckets_of([512] * 64) == 1
-    assert plan_buckets_of(list(range(128, 640, 8))) > 1
+def test_plan_chunks_bounds_padded_bytes_and_sorts_by_length():
+    from kernels.paged_decode_attention import plan_chunks
 
-
-def plan_buckets_of(lens):
-    from kernels.paged_decode_attention import plan_buckets
-
-    return len(plan_buckets(lens, 16))
+    lens = [500, 20, 130, 640, 7, 300] * 8
+    chunks = plan_chunks(lens, 16, 384, chunk_bytes=3 << 20)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lens)))
+    for chunk in chunks:
+        longest = max(-(-lens[i] // 16) * 16 for i in chunk)
+        assert len(chunk) == 1 or len(chunk) * longest * 384 <= 3 << 20
+    flat = [lens[i] for c in chunks for i in c]
+    assert flat == sorted(flat)
+    assert len(plan_chunks([512] * 8, 16, 384)) == 1
+    assert len(plan_chunks([100000], 16, 384)) == 1  # one sequence over budget is its own chunk
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -210,11 +217,11 @@ def test_decode_plan_is_reused_and_rebuilt_on_change():
     from kernels.paged_decode_attention import decode_plan
 
     case = make_paged_case([1] * 20, list(range(5, 105, 5)), 4, 2, 16, 16, torch.float32, seed=6)
-    first = decode_plan(case.block_tables, case.seq_lens, 16)
-    assert decode_plan(case.block_tables.clone(), case.seq_lens.clone(), 16) is first
+    first = decode_plan(case.block_tables, case.seq_lens, 16, 128)
+    assert decode_plan(case.block_tables.clone(), case.seq_lens.clone(), 16, 128) is first
     lens = case.seq_lens.clone()
     lens[3] += 1  # still inside its blocks
-    assert decode_plan(case.block_tables, lens, 16) is not first
+    assert decode_plan(case.block_tables, lens, 16, 128) is not first
     out = paged_decode_attention_ref(case.q, case.k_cache, case.v_cache, case.block_tables, lens, case.scale)
     case.seq_lens = lens
     _close(out, naive_attention(case), ATTN_TOL[torch.float32])

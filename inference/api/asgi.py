@@ -1,0 +1,50 @@
+"""HTTP routing for the hot API paths: Django without its middleware stack.
+
+Django runs every `MiddlewareMixin` middleware on an async request through
+`sync_to_async(thread_sensitive=True)`: with the project's seven, that is about
+a dozen hops per request through one shared thread, which measured 2.7 ms of
+the 3.8 ms a rejected completion request took on the 2-core CI machine
+(BENCHMARKS.md, serving). None of them does anything for these endpoints
+(no sessions, cookies, CSRF, messages or templates; the views are
+`csrf_exempt` and authenticate API keys themselves), so
+`/v1/chat/completions` and `/v1/completions` go to a second Django handler
+with an empty middleware chain. URL resolution, the views, request parsing and
+exception handling are Django's own. The views validate the Host header and set
+the security headers the skipped SecurityMiddleware would have set.
+
+A middleware that must see API traffic (none today) needs adding to
+`API_MIDDLEWARE` below, async-capable so it costs no thread hop.
+"""
+
+from __future__ import annotations
+
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.exception import convert_exception_to_response
+
+API_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+API_MIDDLEWARE: list = []  # async middleware factories, outermost first
+
+
+class ApiASGIHandler(ASGIHandler):
+    """Django's ASGI handler with only `API_MIDDLEWARE` (none by default)."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        self._view_middleware = []
+        self._template_response_middleware = []
+        self._exception_middleware = []
+        handler = convert_exception_to_response(self._get_response_async)
+        for factory in reversed(API_MIDDLEWARE):
+            handler = convert_exception_to_response(factory(handler))
+        self._middleware_chain = handler
+
+
+def api_http_router(fallback):
+    """An ASGI app sending API_PATHS to ApiASGIHandler and everything else to `fallback`."""
+    api = ApiASGIHandler()
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http" and scope.get("path") in API_PATHS:
+            return await api(scope, receive, send)
+        return await fallback(scope, receive, send)
+
+    return app
