@@ -1,0 +1,293 @@
+"""Offline throughput/latency of the engine, with peers measured in the same run.
+
+    .venv/bin/python benchmarks/engine_offline.py                       # 64 requests, 64 concurrent
+    .venv/bin/python benchmarks/engine_offline.py --requests 16 --concurrency 16 --peers none
+    .venv/bin/python benchmarks/engine_offline.py --json                # last line: one JSON object
+
+Engine phases (bfloat16 by default, random token prompts, ignore_eos):
+  prefill       --prefill-requests prompts of --prompt-max tokens, 1 output token each
+  single stream one request, --single-prompt-len prompt, --output-len tokens
+  main          --requests prompts of --prompt-min..--prompt-max tokens, --output-len tokens each,
+                at most --concurrency in flight (new ones join as others finish)
+Peers: HF transformers `generate` (bfloat16 and float32, batch 1 and 16) on the same GGUF,
+and llama.cpp through llama-cpp-python (2 threads; batch 1, plus a batched decode of
+--llama-batch sequences through its low-level batch API) on the same GGUF file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=MODEL)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--prompt-min", type=int, default=128)
+    p.add_argument("--prompt-max", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--prefill-requests", type=int, default=8)
+    p.add_argument("--single-prompt-len", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    p.add_argument("--kv-cache-mb", type=int, default=1024)
+    p.add_argument("--peers", default="all", help="all, none, or a comma list of: hf, llamacpp")
+    p.add_argument("--hf-batches", default="1,16")
+    p.add_argument("--llama-batch", type=int, default=64, help="sequences in llama.cpp's batched decode (0: skip)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
+    return p.parse_args(argv)
+
+
+def pct(values, q):
+    if not values:
+        return None
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def random_prompts(rng: random.Random, n: int, lo: int, hi: int, vocab: int, banned: set[int]) -> list[list[int]]:
+    ids = [i for i in range(200, vocab) if i not in banned]
+    return [[rng.choice(ids) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def machine() -> dict:
+    model = platform.processor()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "load_avg_1m": os.getloadavg()[0]}
+
+
+# ---- engine ----------------------------------------------------------------------------------------
+def run_requests(engine, prompts, sampling, concurrency):
+    """Feed `prompts` keeping at most `concurrency` in flight; per-request token timestamps."""
+    added, tokens, pending = {}, {}, list(enumerate(prompts))
+    decode_tokens, decode_time, inflight = 0, 0.0, 0
+    t0 = time.perf_counter()
+    while pending or engine.has_unfinished():
+        while pending and inflight < concurrency:
+            i, p = pending.pop(0)
+            engine.add_request(f"b{i}", p, sampling)
+            added[f"b{i}"] = time.perf_counter()
+            tokens[f"b{i}"] = []
+            inflight += 1
+        sched = engine.scheduler
+        decode_only = not sched.waiting and all(s.num_tokens - s.num_computed_tokens == 1 for s in sched.running)
+        ts = time.perf_counter()
+        outs = engine.step()
+        now = time.perf_counter()
+        if decode_only:
+            decode_time += now - ts
+            decode_tokens += len(outs)
+        for out in outs:
+            tokens[out.request_id].extend([now] * len(out.new_token_ids))
+            if out.finished:
+                inflight -= 1
+    wall = time.perf_counter() - t0
+    ttft = [tokens[r][0] - added[r] for r in tokens if tokens[r]]
+    itl = [b - a for r in tokens for a, b in zip(tokens[r], tokens[r][1:])]
+    total = sum(len(t) for t in tokens.values())
+    return {"wall_s": wall, "output_tokens": total, "ttft": ttft, "itl": itl,
+            "decode_tok_s": decode_tokens / decode_time if decode_time else None}
+
+
+def bench_engine(args, log) -> dict:
+    from inference.engine import Engine, EngineConfig, SamplingParams
+
+    t = time.perf_counter()
+    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_mb=args.kv_cache_mb,
+                                 max_num_seqs=max(args.concurrency, 1),
+                                 max_num_batched_tokens=args.max_num_batched_tokens))
+    log(f"engine loaded in {time.perf_counter() - t:.1f}s ({engine.block_manager.num_blocks} KV blocks)")
+    rng = random.Random(args.seed)
+    vocab, banned = engine.vocab_size, set(engine.tokenizer.all_special_ids)
+    sp = lambda n: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)  # noqa: E731
+
+    warm = random_prompts(rng, min(args.concurrency, 16), 32, 96, vocab, banned)
+    run_requests(engine, warm, sp(8), len(warm))
+
+    prompts = random_prompts(rng, args.prefill_requests, args.prompt_max, args.prompt_max, vocab, banned)
+    t = time.perf_counter()
+    engine.generate(prompts, sp(1))
+    prefill_tok_s = sum(map(len, prompts)) / (time.perf_counter() - t)
+    log(f"prefill: {prefill_tok_s:.0f} tok/s ({len(prompts)} x {args.prompt_max} tokens)")
+
+    single = run_requests(engine, random_prompts(rng, 1, args.single_prompt_len, args.single_prompt_len,
+                                                 vocab, banned), sp(args.output_len), 1)
+    single_tok_s = 1.0 / statistics.mean(single["itl"])
+    log(f"single stream: {single_tok_s:.1f} tok/s decode, TTFT {single['ttft'][0] * 1e3:.0f} ms")
+
+    before = dict(engine.timers)
+    prompts = random_prompts(rng, args.requests, args.prompt_min, args.prompt_max, vocab, banned)
+    main = run_requests(engine, prompts, sp(args.output_len), args.concurrency)
+    timers = {k: engine.timers[k] - before[k] for k in before}
+    step_total = sum(timers.values())
+    overhead = (timers["schedule_s"] + timers["sample_s"] + timers["output_s"]) / step_total
+    result = {
+        "output_tok_s": main["output_tokens"] / main["wall_s"],
+        "decode_tok_s": main["decode_tok_s"],
+        "prefill_tok_s": prefill_tok_s,
+        "single_stream_tok_s": single_tok_s,
+        "ttft_p50_ms": pct(main["ttft"], 0.5) * 1e3,
+        "ttft_p90_ms": pct(main["ttft"], 0.9) * 1e3,
+        "ttft_p99_ms": pct(main["ttft"], 0.99) * 1e3,
+        "itl_p50_ms": pct(main["itl"], 0.5) * 1e3,
+        "itl_p90_ms": pct(main["itl"], 0.9) * 1e3,
+        "itl_p99_ms": pct(main["itl"], 0.99) * 1e3,
+        "overhead_frac": overhead,
+        "step_time_split_s": {k: round(v, 3) for k, v in timers.items()},
+        "requests": args.requests, "concurrency": args.concurrency,
+        "prompt_tokens": sum(map(len, prompts)), "output_tokens": main["output_tokens"], "wall_s": main["wall_s"],
+    }
+    log(f"main: {result['output_tok_s']:.0f} output tok/s overall, {result['decode_tok_s'] or 0:.0f} tok/s in "
+        f"decode-only steps; TTFT p50 {result['ttft_p50_ms']:.0f} ms; ITL p50 {result['itl_p50_ms']:.1f} ms; "
+        f"overhead {overhead:.1%}")
+    del engine
+    gc.collect()
+    return result
+
+
+# ---- peers -----------------------------------------------------------------------------------------
+def bench_hf(args, log) -> dict:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from inference.engine.registry import builtin_gguf_path
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    path = builtin_gguf_path()
+    rng = random.Random(args.seed + 1)
+    out = {}
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
+        for batch in (int(b) for b in args.hf_batches.split(",")):
+            ids = torch.tensor(random_prompts(rng, batch, args.single_prompt_len, args.single_prompt_len,
+                                              49152, set(range(17))))
+            kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+            with torch.inference_mode():
+                model.generate(ids[:, :16], max_new_tokens=4, min_new_tokens=4, **kwargs | {
+                    "attention_mask": torch.ones_like(ids[:, :16])})
+                t = time.perf_counter()
+                model.generate(ids, max_new_tokens=args.output_len, min_new_tokens=args.output_len, **kwargs)
+                dt = time.perf_counter() - t
+            out[f"{name}_b{batch}_tok_s"] = batch * args.output_len / dt
+            log(f"HF transformers {name} batch {batch}: {out[f'{name}_b{batch}_tok_s']:.1f} tok/s "
+                f"(generate incl. a {args.single_prompt_len}-token prefill)")
+        del model
+        gc.collect()
+    return out
+
+
+def bench_llama_cpp(args, log) -> dict:
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        return {"error": f"llama-cpp-python is not installed ({exc})"}
+    import numpy as np
+
+    from inference.engine.registry import builtin_gguf_path
+
+    n_ctx = max(2048, args.llama_batch * (args.single_prompt_len + args.output_len) + 64)
+    llm = llama_cpp.Llama(model_path=str(builtin_gguf_path()), n_threads=2, n_threads_batch=2, n_ctx=n_ctx,
+                          n_batch=512, n_seq_max=max(1, args.llama_batch), verbose=False)
+    rng = random.Random(args.seed + 2)
+    prompt = random_prompts(rng, 1, args.single_prompt_len, args.single_prompt_len, 49152, set(range(17)))[0]
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(prompt)
+    prefill = len(prompt) / (time.perf_counter() - t)
+    times = []
+    for _ in range(args.output_len):
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t = time.perf_counter()
+        llm.eval([tok])
+        times.append(time.perf_counter() - t)
+    out = {"threads": 2, "b1_prefill_tok_s": prefill, "b1_decode_tok_s": 1.0 / statistics.mean(times),
+           "version": getattr(llama_cpp, "__version__", "?")}
+    log(f"llama.cpp batch 1: decode {out['b1_decode_tok_s']:.1f} tok/s, prefill {prefill:.0f} tok/s (2 threads)")
+    if args.llama_batch > 1:
+        try:
+            out[f"b{args.llama_batch}_decode_tok_s"] = _llama_batched(llm, llama_cpp, args, rng)
+            log(f"llama.cpp batched decode ({args.llama_batch} sequences): "
+                f"{out[f'b{args.llama_batch}_decode_tok_s']:.1f} tok/s")
+        except Exception as exc:  # the low-level API moves between versions
+            out["batched_error"] = repr(exc)
+    return out
+
+
+def _llama_batched(llm, llama_cpp, args, rng) -> float:
+    """Aggregate decode rate of B sequences in one llama_decode per step (like llama-batched-bench)."""
+    import numpy as np
+
+    n_seq, plen = args.llama_batch, 32
+    ctx, vocab = llm.ctx, llm.n_vocab()
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    batch = llama_cpp.llama_batch_init(max(512, n_seq * plen), 0, n_seq)
+    try:
+        def submit(entries):  # entries: (token, pos, seq, want_logits)
+            batch.n_tokens = len(entries)
+            for i, (tok, pos, seq, logits) in enumerate(entries):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+                batch.seq_id[i][0], batch.logits[i] = seq, logits
+            if llama_cpp.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+
+        prompts = random_prompts(rng, n_seq, plen, plen, 49152, set(range(17)))
+        for s, p in enumerate(prompts):
+            submit([(tok, i, s, i == plen - 1) for i, tok in enumerate(p)])
+        next_tok = [0] * n_seq
+        t = time.perf_counter()
+        steps = args.output_len // 2
+        for step in range(steps):
+            submit([(next_tok[s], plen + step, s, True) for s in range(n_seq)])
+            for s in range(n_seq):
+                row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, s), shape=(vocab,))
+                next_tok[s] = int(row.argmax())
+        return n_seq * steps / (time.perf_counter() - t)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else (lambda msg: print(msg, flush=True))
+    info = machine()
+    log(f"machine: {info}")
+    results = {"engine": bench_engine(args, log), "peers": {}, "machine": info, "args": vars(args)}
+    peers = {"hf", "llamacpp"} if args.peers == "all" else {p for p in args.peers.split(",") if p and p != "none"}
+    if "llamacpp" in peers:
+        results["peers"]["llama_cpp"] = bench_llama_cpp(args, log)
+    if "hf" in peers:
+        results["peers"]["hf_transformers"] = bench_hf(args, log)
+    if args.json:
+        print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
