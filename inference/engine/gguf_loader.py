@@ -1,9 +1,9 @@
 """GGUF files: metadata, architecture config, and weights in our parameter layout.
 
-`read_gguf_metadata` parses only the key/value header (fast, no tensor data
-touched): the tokenizer uses it in the web process. `load_gguf_weights` reads
-tensors through `gguf.GGUFReader` (a memory map) and dequantises them with
-`dequant.dequantize`.
+`read_gguf_header` / `read_gguf_metadata` parse only the header (key/values
+and tensor infos; no tensor data touched, no torch needed): the tokenizer uses
+them in the web process. `load_gguf` reads tensors through `gguf.GGUFReader`
+(a memory map) and dequantises them with `dequant.dequantize`.
 
 llama.cpp's converter permutes the rows of the Q and K projections of Llama
 models so that its "normal" rotary embedding pairs adjacent elements
@@ -16,7 +16,6 @@ from __future__ import annotations
 import mmap
 import struct
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,7 +45,7 @@ _NUMPY_TYPES = {
 
 # Architectures whose Q/K rows llama.cpp permutes when converting from Hugging Face.
 _PERMUTED_QK_ARCHITECTURES = {"llama"}
-_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # llama.cpp writes Mistral 7B as "llama"
 
 
 class GGUFFormatError(ValueError):

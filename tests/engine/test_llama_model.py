@@ -7,7 +7,7 @@ import torch
 from inference.engine import packed_linear
 from inference.engine.kv_cache import allocate_kv_caches, kv_bytes_per_block, num_blocks_for_budget
 from inference.engine.loader import load_model
-from tests.engine.paged_inputs import PagedSequences, hf_logits
+from tests.engine.paged_inputs import PagedSequences
 
 pytestmark = pytest.mark.slow
 

@@ -226,10 +226,16 @@ def _fresh_model_cache():
 
 
 @pytest.fixture
-def asgi_client():
+async def asgi_client():
+    from django.db import connections
+
     from platform_site.asgi import application
 
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://testserver")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://testserver") as client:
+        yield client
+    # ORM calls made off the event loop (sync_to_async) keep a connection in asgiref's
+    # worker thread; close it there, or PostgreSQL refuses to drop the test database.
+    await sync_to_async(connections.close_all)()
 
 
 @pytest.fixture

@@ -129,7 +129,7 @@ async def test_bad_frames_get_error_frames_and_the_socket_stays_open(server):
 
 async def test_duplicate_running_id_is_refused(server):
     ws = await authed(server)
-    body = chat_body("Count slowly to fifty.", max_tokens=40, ignore_eos=True)
+    body = chat_body("Count slowly to fifty.", max_tokens=16, ignore_eos=True)
     await ws.send(json.dumps({"type": "request", "id": "same", "endpoint": "chat.completions", "body": body}))
     await ws.send(json.dumps({"type": "request", "id": "same", "endpoint": "chat.completions", "body": body}))
     errors, done = [], None
@@ -140,7 +140,7 @@ async def test_duplicate_running_id_is_refused(server):
         elif frame["type"] == "done":
             done = frame
     assert [e["error"]["param"] for e in errors] == ["id"]
-    assert done["usage"]["completion_tokens"] == 40
+    assert done["usage"]["completion_tokens"] == 16
     await ws.close()
 
 
