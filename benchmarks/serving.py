@@ -58,6 +58,7 @@ class RequestStats:
     itl_s: list[float] = field(default_factory=list)
     tokens: int = 0
     server_ttft_s: float | None = None  # worker clock: enqueue -> first token
+    processing_ms: float | None = None  # web process: view start -> response (auth, tokenise, enqueue)
     engine_ttft_s: float | None = None  # engine clock: add_request -> first token
 
 
@@ -71,6 +72,17 @@ def pct(values: list[float], q: float) -> float | None:
 
 def ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 2)
+
+
+def output_lengths(args) -> list[int]:
+    """Per-request output lengths: --max-tokens +- --jitter (seeded, the same in both phases).
+
+    Equal lengths would make a closed loop finish, and resubmit, in lock-step
+    bursts that no real traffic has; the jitter spreads the arrivals.
+    """
+    rng = random.Random(args.seed + 1)
+    spread = int(args.max_tokens * args.jitter)
+    return [max(1, args.max_tokens + rng.randint(-spread, spread)) for _ in range(args.requests)]
 
 
 def prompts_build(count: int, words: int, seed: int) -> list[list[dict]]:
@@ -90,6 +102,7 @@ async def api_one(client, messages, max_tokens: int) -> RequestStats:
     stream = await client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0.8, stream=True,
         stream_options={"include_usage": True, "include_timing": True}, extra_body={"ignore_eos": True})
+    stats.processing_ms = float(stream.response.headers.get("openai-processing-ms", "nan"))
     async for chunk in stream:
         now = time.perf_counter()
         if chunk.choices and chunk.choices[0].delta.content:
@@ -112,16 +125,19 @@ async def api_phase(args, prompts) -> tuple[list[RequestStats], float]:
     client = openai.AsyncOpenAI(base_url=args.url.rstrip("/") + "/v1", api_key=args.key, max_retries=0, timeout=600)
     for messages in prompts[: args.warmup]:
         await api_one(client, messages, 4)
+    lengths = output_lengths(args)
     queue = list(enumerate(prompts[args.warmup:]))
     results: list[RequestStats] = [None] * len(queue)  # type: ignore[list-item]
 
-    async def client_loop() -> None:
+    async def client_loop(delay: float) -> None:
+        await asyncio.sleep(delay)
         while queue:
             index, messages = queue.pop(0)
-            results[index] = await api_one(client, messages, args.max_tokens)
+            results[index] = await api_one(client, messages, lengths[index])
 
     started = time.perf_counter()
-    await asyncio.gather(*(client_loop() for _ in range(args.concurrency)))
+    # clients start spread over --ramp-s, so the first requests do not all arrive in one burst
+    await asyncio.gather(*(client_loop(i * args.ramp_s / args.concurrency) for i in range(args.concurrency)))
     wall = time.perf_counter() - started
     await client.close()
     return results, wall
@@ -132,12 +148,12 @@ def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
     from inference.engine import Engine, EngineConfig, SamplingParams
 
     engine = Engine(EngineConfig(model=MODEL, device="cpu", dtype=args.dtype, kv_cache_mb=args.kv_cache_mb,
-                                 max_num_seqs=args.max_num_seqs))
+                                 max_num_seqs=args.max_num_seqs, num_threads=args.threads))
     tokenizer = engine.tokenizer
     warm = SamplingParams(max_tokens=4, temperature=0.8)
     engine.generate([tokenizer.encode_chat(m) for m in prompts[: args.warmup]], warm)
     todo = [tokenizer.encode_chat(m) for m in prompts[args.warmup:]]
-    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.8, ignore_eos=True)
+    lengths = output_lengths(args)
     results = [RequestStats() for _ in todo]
     added: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -147,6 +163,7 @@ def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
         nonlocal next_index
         request_id = f"bench-{next_index}"
         added[request_id] = last[request_id] = time.perf_counter()
+        sampling = SamplingParams(max_tokens=lengths[next_index], temperature=0.8, ignore_eos=True)
         engine.add_request(request_id, todo[next_index], sampling)
         next_index += 1
 
@@ -185,10 +202,12 @@ def summary(results: list[RequestStats], wall: float) -> dict:
 
 def gateway(api: list[RequestStats], api_sum: dict, engine_sum: dict | None) -> dict:
     paired = [r.ttft_s - r.server_ttft_s for r in api if r.ttft_s is not None and r.server_ttft_s is not None]
+    processing = [r.processing_ms / 1000 for r in api if r.processing_ms is not None]
     hop = [r.server_ttft_s - r.engine_ttft_s for r in api if r.server_ttft_s is not None and r.engine_ttft_s is not None]
     out = {
         "paired_overhead_p50_ms": ms(pct(paired, 50)), "paired_overhead_p99_ms": ms(pct(paired, 99)),
         "paired_overhead_mean_ms": ms(statistics.fmean(paired)) if paired else None,
+        "web_processing_p50_ms": ms(pct(processing, 50)), "web_processing_p99_ms": ms(pct(processing, 99)),
         "queue_to_engine_p50_ms": ms(pct(hop, 50)), "queue_to_engine_p99_ms": ms(pct(hop, 99)),
     }
     if engine_sum:
@@ -212,7 +231,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--prompt-words", type=int, default=96, help="~1.3 tokens per word, plus the chat template")
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64, help="mean output tokens per request (ignore_eos)")
+    parser.add_argument("--jitter", type=float, default=0.25, help="output lengths vary by +- this fraction")
+    parser.add_argument("--ramp-s", type=float, default=1.0, help="spread the clients' first requests over this")
+    parser.add_argument("--threads", type=int, default=None, help="phase 2: torch threads (match the server's)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-engine", action="store_true", help="skip phase 2 (the engine alone)")
@@ -233,7 +255,8 @@ def main() -> None:
         engine_results, engine_wall = engine_phase(args, prompts)
         engine_sum = summary(engine_results, engine_wall)
     report = {
-        "config": {k: getattr(args, k) for k in ("url", "concurrency", "requests", "prompt_words", "max_tokens", "dtype")},
+        "config": {k: getattr(args, k) for k in ("url", "concurrency", "requests", "prompt_words", "max_tokens",
+                                                 "jitter", "ramp_s", "dtype", "threads")},
         "machine": machine(), "api": api_sum, "engine_alone": engine_sum, "gateway": gateway(api_results, api_sum, engine_sum),
     }
     for section in ("api", "engine_alone", "gateway"):

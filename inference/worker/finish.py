@@ -35,8 +35,9 @@ def done_event(
     timing: dict[str, Any],
     error: str | None = None,
     stop_reason: Any = None,
+    error_param: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    event = {
         "type": "engine.done",
         "request_id": request_id,
         "finish_reason": finish_reason,
@@ -45,6 +46,9 @@ def done_event(
         "error": error,
         "stop_reason": stop_reason,
     }
+    if error_param is not None:
+        event["error_param"] = error_param  # the OpenAI parameter at fault (EngineValidationError.param)
+    return event
 
 
 def usage_record_safe(**kwargs: Any) -> bool:
@@ -95,6 +99,7 @@ def job_finish(
     stop_reason: Any = None,
     extra_timing: dict[str, Any] | None = None,
     now: float | None = None,
+    error_param: str | None = None,
 ) -> None:
     """Record usage and send the done event. Times are seconds since job.enqueued_at."""
     now = time.time() if now is None else now
@@ -129,12 +134,14 @@ def job_finish(
             timing=timing,
             error=error,
             stop_reason=stop_reason,
+            error_param=error_param,
         ),
     )
 
 
-def job_fail(*, job: Job, sink: EventSink, worker_id: str, error: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+def job_fail(*, job: Job, sink: EventSink, worker_id: str, error: str, prompt_tokens: int = 0,
+             completion_tokens: int = 0, error_param: str | None = None) -> None:
     job_finish(
         job=job, sink=sink, worker_id=worker_id, finish_reason="error", error=error,
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, error_param=error_param,
     )

@@ -238,7 +238,8 @@ class WorkerLoop:
                 message, param = getattr(exc, "message", str(exc)), getattr(exc, "param", None)
                 if param is None and exc.__class__.__name__ != "EngineValidationError":
                     logger.exception("could not start request %s", job.request_id)
-                self._fail(job.request_id, f"{message} (param: {param})" if param else str(message), mark=True)
+                self._fail(job.request_id, f"{message} (param: {param})" if param else str(message), mark=True,
+                           error_param=param)
 
     def _add_to_engine(self, job: Job) -> None:
         from inference.engine import SamplingParams
@@ -341,7 +342,7 @@ class WorkerLoop:
         except Exception:  # noqa: BLE001 - it may never have been added
             logger.debug("abort of %s failed", request_id, exc_info=True)
 
-    def _fail(self, request_id: str, error: str, *, mark: bool = False) -> None:
+    def _fail(self, request_id: str, error: str, *, mark: bool = False, error_param: str | None = None) -> None:
         active = self.active.get(request_id)
         if active is None:
             return
@@ -352,7 +353,7 @@ class WorkerLoop:
         job = active.job
         job_fail(job=job, sink=self.sink, worker_id=self.worker_id, error=error,
                  prompt_tokens=len(job.prompt_token_ids) if active.completion_tokens else 0,
-                 completion_tokens=active.completion_tokens)
+                 completion_tokens=active.completion_tokens, error_param=error_param)
         self._release(request_id)
 
     def _end_lost(self, request_id: str) -> None:
