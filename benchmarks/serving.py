@@ -168,9 +168,15 @@ def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
         next_index += 1
 
     started = time.perf_counter()
-    while next_index < min(args.concurrency, len(todo)):
-        add()
-    while engine.has_unfinished():
+    # the same ramp as the API clients: the first C requests arrive spread over --ramp-s
+    ramp = [started + i * args.ramp_s / args.concurrency for i in range(min(args.concurrency, len(todo)))]
+    while ramp or engine.has_unfinished():
+        while ramp and ramp[0] <= time.perf_counter():
+            ramp.pop(0)
+            add()
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, ramp[0] - time.perf_counter()))
+            continue
         for output in engine.step():
             now = time.perf_counter()
             stats = results[int(output.request_id.split("-")[1])]

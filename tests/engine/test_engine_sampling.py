@@ -47,14 +47,10 @@ def test_stop_string_is_never_emitted_and_ends_the_text(engine, tokenizer, chat_
     assert stop in full
     out, deltas = run_stream(engine, prompt, SamplingParams(temperature=0.0, max_tokens=60, stop=[stop, "zzz"]))
     assert out.finish_reason == "stop" and out.stop_reason == stop
-    text = "".join(deltas)
-    assert text == full[: full.index(stop)]
-    assert not any("6" in d and "5" in text[-2:] for d in deltas[-1:])
-    # no delta ever carried any part of the stop string beyond the kept text
-    running = ""
-    for d in deltas:
-        running += d
-        assert full.startswith(running)
+    # The deltas add up to the text before the stop string: no delta ever carried any part of
+    # it, although "5" arrived in an earlier step than "\n6" (it was held back, then dropped).
+    assert "".join(deltas) == full[: full.index(stop)]
+    assert len([d for d in deltas if d]) > 3
 
 
 def test_stop_token_ids_eos_and_lengths(engine, tokenizer, chat_prompts):
