@@ -11,7 +11,11 @@ Engine phases (bfloat16 by default, random token prompts, ignore_eos):
                 at most --concurrency in flight (new ones join as others finish)
 Peers: HF transformers `generate` (bfloat16 and float32, batch 1 and 16) on the same GGUF,
 and llama.cpp through llama-cpp-python (2 threads; batch 1, plus a batched decode of
---llama-batch sequences through its low-level batch API) on the same GGUF file.
+--llama-batch sequences through its low-level batch API) on the same GGUF file. Each
+peer runs in its own subprocess (its own OpenMP runtime; a crash cannot take the run
+down). llama.cpp's AMX path crashes (SIGSEGV in ggml_backend_amx_mul_mat) on some
+machines; the run then retries with llama.cpp's extra buffer types (AMX/repack) off and
+says so in its result.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--llama-batch", type=int, default=64, help="sequences in llama.cpp's batched decode (0: skip)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
+    p.add_argument("--peer-worker", choices=["hf", "llamacpp"], help=argparse.SUPPRESS)
+    p.add_argument("--llama-no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -206,15 +212,26 @@ def bench_hf(args, log) -> dict:
 def bench_llama_cpp(args, log) -> dict:
     try:
         import llama_cpp
+        import llama_cpp.llama_cpp as llama_c
     except ImportError as exc:
         return {"error": f"llama-cpp-python is not installed ({exc})"}
     import numpy as np
 
     from inference.engine.registry import builtin_gguf_path
 
-    n_ctx = max(2048, args.llama_batch * (args.single_prompt_len + args.output_len) + 64)
-    llm = llama_cpp.Llama(model_path=str(builtin_gguf_path()), n_threads=2, n_threads_batch=2, n_ctx=n_ctx,
-                          n_batch=512, n_seq_max=max(1, args.llama_batch), verbose=False)
+    if args.llama_no_extra_bufts:  # the high-level API has no switch for it: patch the defaults
+        defaults = llama_c.llama_model_default_params
+
+        def without_extra_bufts():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_c.llama_model_default_params = without_extra_bufts
+
+    llm = llama_cpp.Llama(model_path=str(builtin_gguf_path()), n_threads=2, n_threads_batch=2,
+                          n_ctx=args.single_prompt_len + args.output_len + 64, n_batch=512,
+                          verbose=bool(os.environ.get("LLAMA_VERBOSE")))
     rng = random.Random(args.seed + 2)
     prompt = random_prompts(rng, 1, args.single_prompt_len, args.single_prompt_len, 49152, set(range(17)))[0]
     llm.reset()
@@ -228,7 +245,7 @@ def bench_llama_cpp(args, log) -> dict:
         llm.eval([tok])
         times.append(time.perf_counter() - t)
     out = {"threads": 2, "b1_prefill_tok_s": prefill, "b1_decode_tok_s": 1.0 / statistics.mean(times),
-           "version": getattr(llama_cpp, "__version__", "?")}
+           "version": getattr(llama_cpp, "__version__", "?"), "extra_bufts": not args.llama_no_extra_bufts}
     log(f"llama.cpp batch 1: decode {out['b1_decode_tok_s']:.1f} tok/s, prefill {prefill:.0f} tok/s (2 threads)")
     if args.llama_batch > 1:
         try:
@@ -241,28 +258,38 @@ def bench_llama_cpp(args, log) -> dict:
 
 
 def _llama_batched(llm, llama_cpp, args, rng) -> float:
-    """Aggregate decode rate of B sequences in one llama_decode per step (like llama-batched-bench)."""
+    """Aggregate decode rate of B sequences, one llama_decode per step for all of them (what
+    llama-batched-bench measures), in a context of its own with n_seq_max = B."""
     import numpy as np
 
     n_seq, plen = args.llama_batch, 32
-    ctx, vocab = llm.ctx, llm.n_vocab()
-    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-    batch = llama_cpp.llama_batch_init(max(512, n_seq * plen), 0, n_seq)
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_seq * (plen + args.output_len) + 256
+    params.n_batch = params.n_ubatch = 512
+    params.n_seq_max = n_seq
+    params.n_threads = params.n_threads_batch = 2
+    params.kv_unified = True
+    ctx = llama_cpp.llama_init_from_model(llm.model, params)
+    if not ctx:
+        raise RuntimeError("llama_init_from_model failed")
+    vocab = llm.n_vocab()
+    batch = llama_cpp.llama_batch_init(512, 0, 1)
     try:
-        def submit(entries):  # entries: (token, pos, seq, want_logits)
+        def submit(entries):  # (token, pos, seq, want_logits)
             batch.n_tokens = len(entries)
             for i, (tok, pos, seq, logits) in enumerate(entries):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
                 batch.seq_id[i][0], batch.logits[i] = seq, logits
-            if llama_cpp.llama_decode(ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed")
+            status = llama_cpp.llama_decode(ctx, batch)
+            if status != 0:
+                raise RuntimeError(f"llama_decode returned {status}")
 
         prompts = random_prompts(rng, n_seq, plen, plen, 49152, set(range(17)))
         for s, p in enumerate(prompts):
             submit([(tok, i, s, i == plen - 1) for i, tok in enumerate(p)])
         next_tok = [0] * n_seq
-        t = time.perf_counter()
         steps = args.output_len // 2
+        t = time.perf_counter()
         for step in range(steps):
             submit([(next_tok[s], plen + step, s, True) for s in range(n_seq)])
             for s in range(n_seq):
@@ -271,19 +298,46 @@ def _llama_batched(llm, llama_cpp, args, rng) -> float:
         return n_seq * steps / (time.perf_counter() - t)
     finally:
         llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+
+
+def run_peer(name: str, argv: list[str], log, extra: list[str] = ()) -> dict:
+    """Run one peer in a subprocess of this script; its last stdout line is its JSON result."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--peer-worker", name, *extra]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr.splitlines():
+        if line.startswith(("HF ", "llama.cpp ")):
+            log(line)
+    if proc.returncode != 0:
+        tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
+        return {"error": f"exit status {proc.returncode}", "stderr_tail": tail}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.peer_worker:  # child process: one peer, result as JSON on stdout
+        log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+        result = bench_hf(args, log) if args.peer_worker == "hf" else bench_llama_cpp(args, log)
+        print(json.dumps(result))
+        return result
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else (lambda msg: print(msg, flush=True))
     info = machine()
     log(f"machine: {info}")
-    results = {"engine": bench_engine(args, log), "peers": {}, "machine": info, "args": vars(args)}
+    results = {"engine": bench_engine(args, log), "peers": {}, "machine": info,
+               "args": {k: v for k, v in vars(args).items() if not k.startswith(("peer_", "llama_no"))}}
     peers = {"hf", "llamacpp"} if args.peers == "all" else {p for p in args.peers.split(",") if p and p != "none"}
     if "llamacpp" in peers:
-        results["peers"]["llama_cpp"] = bench_llama_cpp(args, log)
+        result = run_peer("llamacpp", argv, log)
+        if result.get("error", "").endswith(str(-11)):  # SIGSEGV in the AMX path: retry without it
+            log("llama.cpp crashed (SIGSEGV); retrying with its extra buffer types (AMX/repack) off")
+            result = run_peer("llamacpp", argv, log, ["--llama-no-extra-bufts"])
+            result["note"] = "AMX/repack buffers off: the default build crashed with SIGSEGV in ggml_backend_amx_mul_mat"
+        results["peers"]["llama_cpp"] = result
     if "hf" in peers:
-        results["peers"]["hf_transformers"] = bench_hf(args, log)
+        results["peers"]["hf_transformers"] = run_peer("hf", argv, log)
+    results["machine"]["load_avg_1m_end"] = os.getloadavg()[0]
     if args.json:
         print(json.dumps(results))
     return results

@@ -127,6 +127,18 @@ async def _stream(run: JobRun, builder: ResponseBuilder) -> AsyncIterator[bytes]
         yield _sse(error_body("The server had an error while processing your request.", error_type="server_error"))
 
 
+class _JobStreamingResponse(StreamingHttpResponse):
+    """Cancels the job when Django closes the response, even if the stream never started."""
+
+    def __init__(self, run: JobRun, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._run = run
+
+    def close(self) -> None:
+        self._run.cancel()  # no-op once the job finished or the stream already cancelled it
+        super().close()
+
+
 async def _serve(request, endpoint: str) -> HttpResponse:
     started = time.perf_counter()
     request_id = request_id_new()
@@ -140,7 +152,7 @@ async def _serve(request, endpoint: str) -> HttpResponse:
         builder = response_builder(prepared=prepared)
         run = await ajob_submit(prepared=prepared)
         if api_request.stream:
-            response = StreamingHttpResponse(_stream(run, builder), content_type="text/event-stream")
+            response = _JobStreamingResponse(run, _stream(run, builder), content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
         else:
