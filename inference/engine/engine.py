@@ -75,7 +75,8 @@ class Engine:
         self._ids = itertools.count()
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
         self.counters = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0}
-        self.timers = {"schedule_s": 0.0, "model_s": 0.0, "sample_s": 0.0, "output_s": 0.0}
+        # Wall time per phase of step(); everything but model_s is engine overhead.
+        self.timers = {"schedule_s": 0.0, "prepare_s": 0.0, "model_s": 0.0, "sample_s": 0.0, "output_s": 0.0}
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -127,7 +128,9 @@ class Engine:
         self.timers["schedule_s"] += t1 - t0
         if not batch:
             return outputs
-        seqs, logits = self.runner.execute(batch.seqs, batch.num_new_tokens)
+        inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens)
+        t1b = time.perf_counter()
+        seqs, logits = self.runner.run(*inputs)
         t2 = time.perf_counter()
         self.scheduler.postprocess(batch)
         sampled = self.sampler(logits, seqs) if seqs else None
@@ -137,7 +140,8 @@ class Engine:
             lp = sampled.logprobs[i] if sampled.logprobs is not None else None
             outputs.append(self._process_token(seq, sampled.token_ids[i], lp, now))
         t4 = time.perf_counter()
-        self.timers["model_s"] += t2 - t1
+        self.timers["prepare_s"] += t1b - t1
+        self.timers["model_s"] += t2 - t1b
         self.timers["sample_s"] += t3 - t2
         self.timers["output_s"] += t4 - t3
         n_prompt = batch.num_tokens - len(seqs)

@@ -77,7 +77,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> tuple[list[Sequence], torch.Tensor | None]:
         """Run one step; return the sequences that sample and their float32 logits [N, V] (on CPU)."""
-        ids, pos, meta, sample_rows, sampling = self.prepare(seqs, num_new_tokens)
+        return self.run(*self.prepare(seqs, num_new_tokens))
+
+    @torch.inference_mode()
+    def run(self, ids, pos, meta, sample_rows, sampling) -> tuple[list[Sequence], torch.Tensor | None]:
+        """The model part of execute(), on inputs from prepare()."""
         hidden = self.model(ids, pos, meta, self.kv_caches)
         if not sampling:
             return sampling, None
