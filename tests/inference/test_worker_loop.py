@@ -291,16 +291,17 @@ def test_an_engine_step_failure_ends_the_batch_with_errors_and_the_loop_goes_on(
                                                                                  tenant_factory, monkeypatch):
     """Fault injection: the model runner raises once, as a CUDA error or a kernel bug would."""
     tenant = tenant_factory()
-    real_execute = engine.runner.execute
+    real_run = engine.runner.run
     calls = {"n": 0}
 
-    def execute_failing_once(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
+    def run_failing_once(ids, pos, meta, *args, **kwargs):
+        # Fail the first step that holds both victims, whatever the timing of their leases.
+        if calls["n"] == 0 and meta.num_seqs == 2:
+            calls["n"] += 1
             raise RuntimeError("injected kernel failure")
-        return real_execute(*args, **kwargs)
+        return real_run(ids, pos, meta, *args, **kwargs)
 
-    monkeypatch.setattr(engine.runner, "execute", execute_failing_once)
+    monkeypatch.setattr(engine.runner, "run", run_failing_once)
     harness = harness_factory()
     victims = [chat_job(engine, tenant, f"Story {i}", max_tokens=30, ignore_eos=True) for i in range(2)]
     for job in victims:
