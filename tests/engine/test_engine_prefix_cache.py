@@ -1,8 +1,6 @@
 """Automatic prefix caching on the real model: same outputs on hit and miss,
 cached_tokens equal to the block-aligned shared prefix, salts isolate tenants."""
 
-import os
-
 import pytest
 
 from inference.engine import SamplingParams

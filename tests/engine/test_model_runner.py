@@ -1,0 +1,45 @@
+"""The model runner's step inputs: token ids, positions, slots, block tables, sampling rows."""
+
+import torch
+
+from inference.engine.model_runner import ModelRunner
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.sequence import Sequence
+
+BS = 4
+
+
+def runner():
+    r = ModelRunner.__new__(ModelRunner)  # inputs only: no model, no KV cache
+    r.block_size, r.device = BS, torch.device("cpu")
+    return r
+
+
+def seq(tokens, table, computed):
+    s = Sequence(f"s{len(tokens)}", tokens, SamplingParams(), max_tokens=4)
+    s.block_table, s.num_computed_tokens = table, computed
+    return s
+
+
+def test_mixed_batch_inputs():
+    decode = seq(list(range(10, 17)), [5, 2], 6)  # 7 tokens, 6 cached: decodes position 6
+    chunk = seq(list(range(100, 110)), [7, 1, 9], 2)  # computes positions 2..7 of 10: no sample
+    tail = seq(list(range(200, 205)), [3, 4], 3)  # computes 3..4: reaches the end, samples
+    ids, pos, meta, rows, sampling = runner().prepare([decode, chunk, tail], [1, 6, 2])
+    assert ids.tolist() == [16, 102, 103, 104, 105, 106, 107, 203, 204]
+    assert pos.tolist() == [6, 2, 3, 4, 5, 6, 7, 3, 4]
+    # slot = block * 4 + offset: pos 6 of [5, 2] -> block 2 offset 2 = 10; pos 2..7 of [7, 1, 9] ...
+    assert meta.slot_mapping.tolist() == [10, 30, 31, 4, 5, 6, 7, 15, 16]
+    assert meta.query_start_loc.tolist() == [0, 1, 7, 9]
+    assert meta.seq_lens.tolist() == [7, 8, 5]
+    assert meta.block_tables.tolist() == [[5, 2, 0], [7, 1, 9], [3, 4, 0]]
+    assert meta.block_tables.dtype == torch.int32 and meta.slot_mapping.dtype == torch.int64
+    assert (meta.max_query_len, meta.max_seq_len, meta.decode_only) == (6, 8, False)
+    assert rows == [0, 8] and sampling == [decode, tail]
+
+
+def test_decode_only_batch():
+    a, b = seq([1, 2, 3, 4, 5], [0, 1], 4), seq([6, 7], [2], 1)
+    _, pos, meta, rows, _ = runner().prepare([a, b], [1, 1])
+    assert meta.decode_only and pos.tolist() == [4, 1] and rows == [0, 1]
+    assert meta.slot_mapping.tolist() == [4, 9]
