@@ -26,6 +26,9 @@ class EngineConfig:
     priority_aging_s: float | None = 30.0
     seed: int = 0  # seeds the generator of requests without their own seed
     num_threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
+    # CUDA: replay decode-only steps as CUDA graphs at a ladder of batch sizes; False runs
+    # them eagerly (debugging). Ignored on the CPU.
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -67,7 +67,9 @@ class Engine:
             policy=PriorityPolicy(aging_s=config.priority_aging_s, max_preemptions=config.max_preemptions),
         )
         self.runner = ModelRunner(loaded.model, loaded.config, num_blocks=num_blocks,
-                                  block_size=config.block_size, dtype=dtype, device=self.device)
+                                  block_size=config.block_size, dtype=dtype, device=self.device,
+                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                                  cuda_graphs=config.cuda_graphs)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.sampler = Sampler(eos_token_id=self.eos_token_id, seed=config.seed)
         self.logprob_formatter = LogprobFormatter(self.tokenizer)

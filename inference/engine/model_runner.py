@@ -11,17 +11,25 @@ from __future__ import annotations
 import torch
 
 from inference.engine.attention_metadata import AttentionMetadata
+from inference.engine.cuda_graphs import DecodeGraphRunner
 from inference.engine.kv_cache import allocate_kv_caches
 from inference.engine.sequence import Sequence
 
 
 class ModelRunner:
     def __init__(self, model, model_config, *, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, max_num_seqs: int = 256, max_model_len: int | None = None,
+                 cuda_graphs: bool = False) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
         self.kv_caches = allocate_kv_caches(model_config, num_blocks, block_size, dtype, device)
+        # Decode steps replay CUDA graphs on CUDA; everything else (and the CPU) runs eagerly.
+        self.graph_runner: DecodeGraphRunner | None = None
+        if device.type == "cuda" and cuda_graphs and max_model_len:
+            self.graph_runner = DecodeGraphRunner(
+                model, self.kv_caches, max_batch_size=max_num_seqs,
+                max_blocks_per_seq=-(-max_model_len // block_size), device=device, capture=True)
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
         """-> (input_ids, positions, meta, sample_rows, sampling_seqs)."""
@@ -82,7 +90,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, ids, pos, meta, sample_rows, sampling) -> tuple[list[Sequence], torch.Tensor | None]:
         """The model part of execute(), on inputs from prepare()."""
-        hidden = self.model(ids, pos, meta, self.kv_caches)
+        hidden = self.graph_runner.run(ids, pos, meta) if self.graph_runner is not None else None
+        if hidden is None:  # not decode-only, too big or too wide for the graphs: eager
+            hidden = self.model(ids, pos, meta, self.kv_caches)
         if not sampling:
             return sampling, None
         if len(sample_rows) != hidden.shape[0]:

@@ -35,6 +35,8 @@ class Command(BaseCommand):
         parser.add_argument("--max-num-seqs", type=int, default=None)
         parser.add_argument("--kv-cache-mb", type=int, default=None)
         parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+        parser.add_argument("--no-cuda-graphs", action="store_true",
+                            help="run CUDA decode steps eagerly instead of replaying CUDA graphs (debugging)")
 
     def handle(self, *args, **options) -> None:
         if not settings.REDIS_URL:
@@ -47,7 +49,8 @@ class Command(BaseCommand):
 
         def build():
             return engine_build(model=model, device=device, dtype=options["dtype"],
-                                kv_cache_mb=options["kv_cache_mb"], max_num_seqs=max_num_seqs)
+                                kv_cache_mb=options["kv_cache_mb"], max_num_seqs=max_num_seqs,
+                                cuda_graphs=not options["no_cuda_graphs"])
 
         sink = EventSink()
         loop = WorkerLoop(
