@@ -27,39 +27,50 @@ class PagedSequences:
     def step(self, chunks: list[tuple[str, list[int]]], all_rows: bool = False) -> torch.Tensor:
         """Feed each sequence its next tokens; logits [len(chunks), V] for each chunk's last token
         (or for every token with all_rows)."""
-        ids, positions, slots, starts, seq_lens = [], [], [], [0], []
-        for seq_id, tokens in chunks:
-            table = self.tables.setdefault(seq_id, [])
-            start = self.lens.get(seq_id, 0)
-            end = start + len(tokens)
-            while len(table) * self.block_size < end:
-                table.append(self.free.pop())
-            for pos in range(start, end):
-                slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
-            ids.extend(tokens)
-            positions.extend(range(start, end))
-            starts.append(starts[-1] + len(tokens))
-            seq_lens.append(end)
-            self.lens[seq_id] = end
-        width = max(len(self.tables[s]) for s, _ in chunks)
-        tables = torch.zeros(len(chunks), width, dtype=torch.int32)
-        for row, (seq_id, _) in enumerate(chunks):
-            tables[row, :len(self.tables[seq_id])] = torch.tensor(self.tables[seq_id], dtype=torch.int32)
-        q_lens = [len(t) for _, t in chunks]
-        meta = AttentionMetadata(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            block_tables=tables,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            max_query_len=max(q_lens),
-            max_seq_len=max(seq_lens),
-            decode_only=all(n == 1 for n in q_lens),
-        )
+        for seq_id, _ in chunks:
+            self.tables.setdefault(seq_id, [])
+            self.lens.setdefault(seq_id, 0)
+        ids, positions, meta, _ = step_inputs(self.tables, self.lens, self.free, self.block_size, chunks)
         with torch.inference_mode():
-            hidden = self.model(torch.tensor(ids, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64),
-                                meta, self.caches)
-            rows = hidden if all_rows else hidden[torch.tensor(starts[1:]) - 1]
+            hidden = self.model(ids, positions, meta, self.caches)
+            rows = hidden if all_rows else hidden[meta.query_start_loc[1:].long() - 1]
             return self.model.compute_logits(rows)
+
+
+def step_inputs(tables, lens, free: list[int], block_size: int, chunks, device="cpu"):
+    """Inputs of one step, built as the contract describes (and as ModelRunner.prepare does).
+
+    `tables[key]` / `lens[key]` hold each sequence's block table and cached length (updated here);
+    new blocks come from the end of `free`; chunks are (key, new token ids).
+    -> (input_ids, positions, AttentionMetadata, live slots).
+    """
+    ids, positions, slots, starts, seq_lens = [], [], [], [0], []
+    for key, tokens in chunks:
+        table, start = tables[key], lens[key]
+        end = start + len(tokens)
+        while len(table) * block_size < end:
+            table.append(free.pop())
+        for pos in range(start, end):
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        ids.extend(tokens)
+        positions.extend(range(start, end))
+        starts.append(starts[-1] + len(tokens))
+        seq_lens.append(end)
+        lens[key] = end
+    width = max(len(tables[key]) for key, _ in chunks)
+    padded = [tables[key] + [0] * (width - len(tables[key])) for key, _ in chunks]
+    q_max = max(len(tokens) for _, tokens in chunks)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        max_query_len=q_max,
+        max_seq_len=max(seq_lens),
+        decode_only=q_max == 1,
+    )
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=device)  # noqa: E731
+    return as_tensor(ids), as_tensor(positions), meta, slots
 
 
 def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:

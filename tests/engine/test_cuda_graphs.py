@@ -21,6 +21,8 @@ from inference.engine.attention_metadata import AttentionMetadata
 from inference.engine.cuda_graphs import DecodeGraphRunner, ladder_sizes
 from inference.engine.kv_cache import allocate_kv_caches
 
+from tests.engine.paged_inputs import step_inputs
+
 pytestmark = pytest.mark.slow
 
 BLOCK_SIZE = 16
@@ -49,32 +51,8 @@ class Batches:
 
     def build(self, chunks: list[tuple[int, int]]):
         """chunks: (sequence index, new token count) -> (ids, positions, meta, live slots)."""
-        ids, positions, slots, starts, seq_lens = [], [], [], [0], []
-        for seq, n in chunks:
-            table, start = self.tables[seq], self.lens[seq]
-            end = start + n
-            while len(table) * BLOCK_SIZE < end:
-                table.append(self.free.pop())
-            for pos in range(start, end):
-                slots.append(table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
-            ids.extend(self.rng.randrange(1, self.vocab) for _ in range(n))
-            positions.extend(range(start, end))
-            starts.append(starts[-1] + n)
-            seq_lens.append(end)
-            self.lens[seq] = end
-        width = max(len(self.tables[s]) for s, _ in chunks)
-        tables = [self.tables[s] + [0] * (width - len(self.tables[s])) for s, _ in chunks]
-        q_max = max(n for _, n in chunks)
-        dev = self.device
-        meta = AttentionMetadata(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            max_query_len=q_max, max_seq_len=max(seq_lens), decode_only=q_max == 1,
-        )
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=dev)  # noqa: E731
-        return as_tensor(ids), as_tensor(positions), meta, slots
+        with_tokens = [(seq, [self.rng.randrange(1, self.vocab) for _ in range(n)]) for seq, n in chunks]
+        return step_inputs(self.tables, self.lens, self.free, BLOCK_SIZE, with_tokens, self.device)
 
 
 def clone_caches(caches):
