@@ -83,13 +83,8 @@ class ModelRunner:
         return ids, pos, meta, sample_rows, sampling
 
     @torch.inference_mode()
-    def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> tuple[list[Sequence], torch.Tensor | None]:
-        """Run one step; return the sequences that sample and their float32 logits [N, V] (on CPU)."""
-        return self.run(*self.prepare(seqs, num_new_tokens))
-
-    @torch.inference_mode()
     def run(self, ids, pos, meta, sample_rows, sampling) -> tuple[list[Sequence], torch.Tensor | None]:
-        """The model part of execute(), on inputs from prepare()."""
+        """Run one step on inputs from prepare(); return the sequences that sample and their float32 logits [N, V] (on CPU)."""
         hidden = self.graph_runner.run(ids, pos, meta) if self.graph_runner is not None else None
         if hidden is None:  # not decode-only, too big or too wide for the graphs: eager
             hidden = self.model(ids, pos, meta, self.kv_caches)
