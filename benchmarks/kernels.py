@@ -6,11 +6,16 @@ bandwidth of the device.
     python benchmarks/kernels.py                 # CUDA if present, else CPU
     python benchmarks/kernels.py --device cpu    # the references only
     python benchmarks/kernels.py --json          # last line: one JSON object
+    python benchmarks/kernels.py --device cpu --decode-only --threads 1 --cpu-time
 
 On CUDA the timings come from triton.testing.do_bench (median). On the CPU
-there is no Triton backend to time (the interpreter is for tests), so only the
-references, which are the CPU production path, are measured, with medians of
-time.perf_counter over repeated calls.
+there is no Triton backend to time (the interpreter is for tests), so the CPU
+production path is measured: the PyTorch references and the native C decode
+attention (``kernels/paged_decode_attention_cpu.py``, at batch 1/16/64 and
+contexts 128/512/1024 next to its reference), with medians of
+time.perf_counter over repeated calls. Bandwidth is the K/V (and q/out) bytes
+an op must move over its time, next to the measured copy bandwidth (a 256 MB
+``Tensor.copy_``, read + write counted) of the same run.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from kernels import activation, kv_store, paged_decode_attention as pda  # noqa: E402
 from kernels import prefill_attention as pfa, rms_norm as rms, rotary  # noqa: E402
+from kernels import cpu_native  # noqa: E402
 from kernels.cpu_allocator import tune_cpu_allocator  # noqa: E402
+from kernels.paged_decode_attention_cpu import paged_decode_attention_cpu  # noqa: E402
 from tests.kernels.paged_cases import make_paged_case  # noqa: E402
 
 SHAPES = {  # (Hq, Hkv, D)
@@ -82,16 +89,28 @@ def time_ms(fn: Callable[[], object], device: torch.device, reps: int) -> tuple[
     return statistics.median(samples), min(samples)
 
 
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def copy_bandwidth(device: torch.device, reps: int) -> float:
     """GB/s of a large device-to-device copy (read + write counted)."""
-    n = (512 << 20) // 4 if device.type == "cuda" else (128 << 20) // 4
+    n = (512 << 20) // 4 if device.type == "cuda" else (256 << 20) // 4
     src = torch.empty(n, dtype=torch.float32, device=device).normal_()
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), device, reps)[1]
     return 2 * src.numel() * 4 / (ms / 1e3) / 1e9
 
 
-def attention_rows(device, dtype, model, batch, ctx, mixed, with_triton, reps) -> list[Row]:
+def attention_rows(device, dtype, model, batch, ctx, mixed, with_triton, reps, with_native=False,
+                   with_dense=True) -> list[Row]:
     hq, hkv, dim = SHAPES[model]
     gen = torch.Generator().manual_seed(0)
     lens = (torch.randint(ctx // 4, ctx + 1, (batch,), generator=gen).tolist() if mixed
@@ -105,6 +124,11 @@ def attention_rows(device, dtype, model, batch, ctx, mixed, with_triton, reps) -
     if with_triton:
         rows.append(Row("decode_attention", label, "triton",
                         time_ms(lambda: pda.paged_decode_attention(*args), device, reps), gbytes))
+    if with_native:
+        rows.append(Row("decode_attention", label, "native (C)",
+                        time_ms(lambda: paged_decode_attention_cpu(*args), device, reps), gbytes))
+    if not with_dense:
+        return rows
     # SDPA on dense, already gathered K/V (no paging cost at all): a lower bound.
     keys, values = pda.gather_padded_kv(case.k_cache, case.v_cache, case.block_tables, -(-max(lens) // 16))
     keys, values = keys.transpose(1, 2).contiguous(), values.transpose(1, 2).contiguous()
@@ -175,6 +199,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--cpu-time", action="store_true",
                         help="CPU: time with process CPU time, robust on a shared machine (pair with --threads 1)")
+    parser.add_argument("--decode-only", action="store_true", help="only the decode attention rows")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     global CLOCK
@@ -182,6 +207,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.cpu_time:
         CLOCK = time.process_time
+    load_start = os.getloadavg()[0]
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     if device.type == "cuda":
@@ -189,34 +215,44 @@ def main() -> None:
             sys.exit("--device cuda requested but torch.cuda.is_available() is False")
         if os.environ.get("TRITON_INTERPRET") == "1":
             sys.exit("unset TRITON_INTERPRET to benchmark compiled kernels")
-        with_triton = True
+        with_triton, with_native = True, False
         name = torch.cuda.get_device_name(device)
         models, batches, ctx = ("smollm2-135m", "llama-3.2-1b"), (1, 16, 64, 256), 1024
     else:
         tune_cpu_allocator()
         with_triton = False
-        name = (f"{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads (CPU"
+        name = (f"{cpu_model()} x{torch.get_num_threads()} threads (CPU"
                 f"{', process CPU time' if args.cpu_time else ''})")
         models, batches, ctx = ("smollm2-135m",), (1, 64), 512
-        print("CPU: Triton is not timed here (its interpreter is for tests); "
-              "benchmarking the PyTorch references, the CPU production path.")
+        with_native = cpu_native.available()
+        print("CPU: Triton is not timed here (its interpreter is for tests); benchmarking the CPU "
+              "production path: the PyTorch references" + (" and the native decode attention." if with_native
+                                                           else " (the native library is unavailable)."))
     reps = args.reps
     bandwidth = copy_bandwidth(device, reps)
     rows: list[Row] = []
-    for model in models:
+    if device.type == "cpu" and with_native:
+        for native_ctx in (128, 512, 1024):
+            for batch in (1, 16, 64):
+                rows += attention_rows(device, dtype, "smollm2-135m", batch, native_ctx, False, False, reps,
+                                       with_native=True, with_dense=False)
+    for model in () if args.decode_only and rows else models:
         for batch in batches:
             rows += attention_rows(device, dtype, model, batch, ctx, False, with_triton, reps)
         rows += attention_rows(device, dtype, model, 64, 640 if device.type == "cpu" else 2048, True,
-                               with_triton, reps)
+                               with_triton, reps, with_native=device.type == "cpu" and with_native)
+        if args.decode_only:
+            continue
         prompt = 512
         rows += prefill_rows(device, dtype, model, [prompt] * (1 if device.type == "cpu" else 8),
                              [prompt] * (1 if device.type == "cpu" else 8), with_triton, reps)
         rows += prefill_rows(device, dtype, model, [128, 1, 1, 1], [640, 300, 200, 100], with_triton, reps)
     hidden, inter, tokens = (576, 1536, 1024) if device.type == "cpu" else (2048, 8192, 8192)
-    rows += elementwise_rows(device, dtype, tokens, hidden, inter, with_triton, reps)
+    if not args.decode_only:
+        rows += elementwise_rows(device, dtype, tokens, hidden, inter, with_triton, reps)
 
     print(f"device: {name}; dtype {args.dtype}; measured copy bandwidth {bandwidth:.1f} GB/s (best of {reps})")
-    print(f"load average at the end: {os.getloadavg()[0]:.2f} (other processes skew CPU medians; "
+    print(f"load average at the start / end: {load_start:.2f} / {os.getloadavg()[0]:.2f} (other processes skew CPU medians; "
           "'best' is the fastest call)")
     print(f"{'op':20s} {'case':34s} {'impl':24s} {'median ms':>10s} {'best ms':>9s} {'GB/s':>7s} {'% copy':>7s}")
     for row in rows:
@@ -225,6 +261,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({
             "device": name, "dtype": args.dtype, "copy_gb_s": bandwidth,
+            "load_avg_start": load_start, "load_avg_end": os.getloadavg()[0],
             "rows": [{"op": r.op, "case": r.case, "impl": r.impl, "ms": r.ms, "best_ms": r.best_ms, "gb_s": r.gb_s}
                      for r in rows],
         }))

@@ -1,9 +1,18 @@
 """The one seam between model code and kernels.
 
-``get_ops(device)`` returns the Triton launchers on CUDA devices (when Triton
-imports and ``KERNELS_BACKEND`` is not ``ref``) and the PyTorch references,
-which are the CPU production path, otherwise. ``KERNELS_BACKEND=triton``
-forces Triton (tests pair it with ``TRITON_INTERPRET=1`` on the CPU).
+``get_ops(device)`` returns one of three kernel sets:
+
+- ``triton``: the Triton launchers; the default on CUDA devices when Triton
+  imports. ``KERNELS_BACKEND=triton`` forces it (tests pair it with
+  ``TRITON_INTERPRET=1`` on the CPU).
+- ``cpu``: native C decode attention (``kernels.paged_decode_attention_cpu``)
+  and fused small ops (``kernels.fused_ops_cpu``: K/V store, RMSNorm, rotary,
+  SiLU-and-multiply), the references for the rest (prefill attention, and the
+  inputs the native code does not take); the default on CPU devices when the
+  native library builds (``kernels.cpu_native``; ``KERNELS_CPU_NATIVE=0``
+  turns it off).
+- ``ref``: the PyTorch references only; the fallback everywhere else, and what
+  ``KERNELS_BACKEND=ref`` forces.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from typing import Callable
 import torch
 
 BACKEND_ENV = "KERNELS_BACKEND"
-BACKENDS = ("ref", "triton")
+BACKENDS = ("ref", "cpu", "triton")
 
 
 @dataclass(frozen=True)
@@ -41,19 +50,35 @@ def triton_available() -> bool:
     return True
 
 
+def native_cpu_available() -> bool:
+    from kernels import cpu_native
+
+    return cpu_native.available()
+
+
 def select_backend(device: torch.device | str) -> str:
-    """'triton' or 'ref' for ``device`` under the current environment."""
+    """'triton', 'cpu' or 'ref' for ``device`` under the current environment."""
     device = torch.device(device)
     forced = os.environ.get(BACKEND_ENV, "").strip().lower()
     if forced and forced not in BACKENDS + ("auto",):
-        raise ValueError(f"{BACKEND_ENV} must be one of ref, triton, auto; got {forced!r}")
+        raise ValueError(f"{BACKEND_ENV} must be one of ref, cpu, triton, auto; got {forced!r}")
     if forced == "ref":
         return "ref"
     if forced == "triton":
         if not triton_available():
             raise RuntimeError(f"{BACKEND_ENV}=triton but triton cannot be imported")
         return "triton"
-    return "triton" if device.type == "cuda" and triton_available() else "ref"
+    if forced == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"{BACKEND_ENV}=cpu runs on CPU devices only, not {device}")
+        if not native_cpu_available():
+            raise RuntimeError(f"{BACKEND_ENV}=cpu but the native CPU kernels did not build (see the log)")
+        return "cpu"
+    if device.type == "cuda" and triton_available():
+        return "triton"
+    if device.type == "cpu" and native_cpu_available():
+        return "cpu"
+    return "ref"
 
 
 @functools.cache
@@ -80,6 +105,15 @@ def _ops(backend: str) -> Ops:
     from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
     from kernels.rotary import rotary_embedding_ref
 
+    if backend == "cpu":
+        from kernels import fused_ops_cpu as fused
+        from kernels.paged_decode_attention_cpu import paged_decode_attention_cpu
+
+        return Ops(
+            backend, fused.store_kv_cpu, paged_decode_attention_cpu, paged_prefill_attention_ref,
+            fused.rms_norm_cpu, fused.fused_add_rms_norm_cpu, fused.rotary_embedding_cpu, fused.silu_and_mul_cpu,
+            build_cos_sin_cache,
+        )
     return Ops(
         backend, store_kv_ref, paged_decode_attention_ref, paged_prefill_attention_ref,
         rms_norm_ref, fused_add_rms_norm_ref, rotary_embedding_ref, silu_and_mul_ref,
@@ -90,12 +124,13 @@ def _ops(backend: str) -> Ops:
 def get_ops(device: torch.device | str) -> Ops:
     """The kernel set for ``device`` (see the module docstring).
 
-    Choosing the reference backend for a CPU device also tunes glibc malloc for
-    the step loop (``kernels.cpu_allocator``; KERNELS_TUNE_MALLOC=0 opts out).
+    Choosing a CPU backend (``cpu`` or ``ref``) for a CPU device also tunes glibc
+    malloc for the step loop (``kernels.cpu_allocator``; KERNELS_TUNE_MALLOC=0
+    opts out).
     """
     device = torch.device(device)
     backend = select_backend(device)
-    if backend == "ref" and device.type == "cpu":
+    if backend in ("ref", "cpu") and device.type == "cpu":
         from kernels.cpu_allocator import tune_cpu_allocator
 
         tune_cpu_allocator()

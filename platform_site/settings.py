@@ -99,7 +99,8 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 10000, "expiry": 60},
+            # redis-py's 5 s default socket timeout would race channels_redis's 5 s blocking pop.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 10000, "expiry": 60},
         }
     }
 else:

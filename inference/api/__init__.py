@@ -4,7 +4,8 @@
 - `schemas`: JSON object -> validated `ApiRequest` (400 with `param` on any bad field).
 - `model_access`: which models exist, which a tier may use, their context length.
 - `services`: tokenise, apply tier limits, build and submit the queue `Job`.
-- `events`: read a job's engine events from its reply channel.
+- `replies`: the process's shared reply channel, demultiplexing events by request id.
+- `events`: read one job's engine events (`JobRun`), cancel it when the reader leaves.
 - `responses`: `chat.completion`, `chat.completion.chunk` and `text_completion` objects.
 - `views`: the async REST + SSE endpoints; `inference.consumers` serves the WebSocket.
 """

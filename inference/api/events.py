@@ -1,19 +1,18 @@
-"""Reading one job's engine events from its reply channel.
+"""Reading one job's engine events, demultiplexed from its web process's reply channel.
 
 `JobRun` is an async context manager: leaving it before the job's
 `engine.done` arrived (client disconnect, cancellation, an exception) tells the
 queue to cancel the job, so the engine aborts it within a step and bills only
 what it generated.
 
-The channel layer's `receive` is never cancelled to wait with a timeout:
-channels_redis drops a specific channel's receive buffer when a receive is
-cancelled. One receive stays pending across idle ticks instead.
+The events come from this process's shared reply channel
+(inference.api.replies), which routes each one by request id to the JobRun
+registered for it. Waiting with a timeout only waits on that in-process queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -59,16 +58,22 @@ def job_cancel(*, request_id: str) -> None:
 
 
 class JobRun:
-    """The events of one queued job: `engine.delta`s, then exactly one `engine.done`."""
+    """The events of one queued job: `engine.delta`s, then exactly one `engine.done`.
 
-    def __init__(self, *, layer, channel: str, request_id: str, model: str) -> None:
-        self.layer = layer
-        self.channel = channel
+    Registered on `reply` when made (before the job is queued, so no event can
+    arrive before anyone waits for it); unregistered by `aclose()`.
+    """
+
+    def __init__(self, *, reply, request_id: str, model: str) -> None:
+        self.reply = reply
+        self.channel = reply.name
         self.request_id = request_id
         self.model = model
         self.done: dict | None = None
         self.cancelled = False
+        self._queue: asyncio.Queue = reply.register(request_id)
         self._pending: asyncio.Future | None = None
+        self._closed = False
         self._next_liveness = time.monotonic() + LIVENESS_INTERVAL_S
 
     async def __aenter__(self) -> "JobRun":
@@ -83,30 +88,35 @@ class JobRun:
             self.cancelled = True
             job_cancel(request_id=self.request_id)
 
-    async def aclose(self) -> None:
-        self.cancel()
+    def release(self) -> None:
+        """Stop receiving this job's events (without cancelling it: e.g. it was never queued)."""
+        if not self._closed:
+            self._closed = True
+            self.reply.unregister(self.request_id)
         pending, self._pending = self._pending, None
         if pending is not None and not pending.done():
             pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pending
+
+    async def aclose(self) -> None:
+        self.cancel()
+        self.release()
 
     async def next_event(self, timeout: float | None) -> dict | None:
         """The next event of this job, or None when `timeout` seconds pass without one."""
-        while True:
-            if self._pending is None:
-                self._pending = asyncio.ensure_future(self.layer.receive(self.channel))
+        if self._pending is None:
+            if not self._queue.empty():
+                message = self._queue.get_nowait()
+            else:
+                self._pending = asyncio.ensure_future(self._queue.get())
+        if self._pending is not None:
             done, _ = await asyncio.wait({self._pending}, timeout=timeout)
             if not done:
-                return None
+                return None  # the get stays pending: nothing is lost between ticks
             future, self._pending = self._pending, None
             message = future.result()
-            if message.get("request_id") not in (None, self.request_id):
-                logger.warning("reply channel %s got an event for %s", self.channel, message.get("request_id"))
-                continue
-            if message.get("type") == "engine.done":
-                self.done = message
-            return message
+        if message.get("type") == "engine.done":
+            self.done = message
+        return message
 
     async def events(self, *, idle_s: float | None = None) -> AsyncIterator[dict | None]:
         """Yield events until `engine.done` (included); None on every `idle_s` without one.

@@ -230,12 +230,14 @@ async def ajob_submit(*, prepared: PreparedRequest):
     from channels.layers import get_channel_layer
 
     from inference.api.events import JobRun, job_cancel
+    from inference.api.replies import reply_channel_get
     from inference.queue import QueueFull, get_job_queue
 
     await _capacity_check(prepared.model.name)
-    layer = get_channel_layer()
-    reply_channel = await layer.new_channel("reply.")
-    job = job_build(prepared=prepared, reply_channel=reply_channel)
+    reply = await reply_channel_get(get_channel_layer())
+    job = job_build(prepared=prepared, reply_channel=reply.name)
+    # Waiting before it is queued: the first event may come before enqueue() returns.
+    run = JobRun(reply=reply, request_id=prepared.request_id, model=prepared.model.name)
     queue = get_job_queue()
     try:
         if settings.EMBEDDED_WORKER:
@@ -243,10 +245,15 @@ async def ajob_submit(*, prepared: PreparedRequest):
         else:
             await asyncio.to_thread(queue.enqueue, job)
     except QueueFull as exc:
+        run.release()
         raise ServiceUnavailable(
             "The queue for this model and tier is full. Please retry later.", code="queue_full", headers={"Retry-After": "2"}
         ) from exc
     except asyncio.CancelledError:
+        run.release()
         job_cancel(request_id=job.request_id)  # the client left while the enqueue was in flight
         raise
-    return JobRun(layer=layer, channel=reply_channel, request_id=prepared.request_id, model=prepared.model.name)
+    except BaseException:
+        run.release()
+        raise
+    return run

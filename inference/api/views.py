@@ -136,6 +136,7 @@ class _JobStreamingResponse(StreamingHttpResponse):
 
     def close(self) -> None:
         self._run.cancel()  # no-op once the job finished or the stream already cancelled it
+        self._run.release()  # stop waiting for its events (the stream may never have started)
         super().close()
 
 

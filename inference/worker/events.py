@@ -1,9 +1,16 @@
 """Sending worker events (engine.delta / engine.done) to reply channels.
 
 The worker loop is plain synchronous code; channel layers are asyncio. An
-`EventSink` owns the bridge: the loop hands it messages without waiting, and one
-drain task on an event loop sends them in order (per reply channel), batching
-whatever piled up during an engine step.
+`EventSink` owns the bridge: the loop hands it events without waiting, and one
+drain task on an event loop sends them.
+
+Wire format (read by inference.api.replies): the events are batched per reply
+channel. Whatever piled up since the last send (one engine step's deltas, and
+the done events of the requests that ended) goes to each reply channel as ONE
+message, `{"type": "engine.events", "events": [event, ...]}`, in the order the
+loop handed them over. Reply channels are per web process, not per request, so
+that is one channel-layer message per web process per step whatever the number
+of streams; the web process routes each event by its `request_id`.
 
 Which event loop:
 - Redis channel layer (separate worker processes): a private loop in a daemon
@@ -26,6 +33,13 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _bound_loop: asyncio.AbstractEventLoop | None = None
+
+EVENTS = "engine.events"
+
+
+def events_message(events: list[dict]) -> dict:
+    """One reply-channel message carrying `events` in order (see the module docstring)."""
+    return {"type": EVENTS, "events": events}
 
 
 def bind_event_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -83,19 +97,21 @@ class _Drain:
             by_channel: dict[str, list[dict]] = {}
             count = 0
             for batch in batches:
-                for channel, message in batch:
-                    by_channel.setdefault(channel, []).append(message)
+                for channel, event in batch:
+                    by_channel.setdefault(channel, []).append(event)
                     count += 1
-            await asyncio.gather(*(self._send_in_order(channel, messages) for channel, messages in by_channel.items()))
+            if len(by_channel) == 1:
+                await self._send_batch(*next(iter(by_channel.items())))
+            else:
+                await asyncio.gather(*(self._send_batch(channel, events) for channel, events in by_channel.items()))
             self.sink._sent(count)
 
-    async def _send_in_order(self, channel: str, messages: list[dict]) -> None:
-        layer = self.sink.layer
-        for message in messages:
-            try:
-                await layer.send(channel, message)
-            except Exception as exc:  # noqa: BLE001 - a full or broken channel must not stop the others
-                logger.warning("could not deliver %s for %s to %s: %s", message.get("type"), message.get("request_id"), channel, exc)
+    async def _send_batch(self, channel: str, events: list[dict]) -> None:
+        try:
+            await self.sink.layer.send(channel, events_message(events))
+        except Exception as exc:  # noqa: BLE001 - a full or broken channel must not stop the others
+            logger.warning("could not deliver %d events (%s...) to %s: %s", len(events),
+                           events[0].get("request_id"), channel, exc)
 
 
 class EventSink:

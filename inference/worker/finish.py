@@ -100,8 +100,13 @@ def job_finish(
     extra_timing: dict[str, Any] | None = None,
     now: float | None = None,
     error_param: str | None = None,
+    events: list[tuple[str, dict]] | None = None,
 ) -> None:
-    """Record usage and send the done event. Times are seconds since job.enqueued_at."""
+    """Record usage and send the done event. Times are seconds since job.enqueued_at.
+
+    With `events`, the done event is appended there (channel, event) for the
+    caller to send with the rest of its step, instead of being sent now.
+    """
     now = time.time() if now is None else now
     e2e_s = max(0.0, now - job.enqueued_at)
     queued_s = e2e_s if queued_s is None else max(0.0, queued_s)
@@ -123,20 +128,15 @@ def job_finish(
         worker_id=worker_id,
     )
     timing = {"queued_s": queued_s, "ttft_s": ttft_s, "e2e_s": e2e_s, **(extra_timing or {})}
-    sink.send(
-        job.reply_channel,
-        done_event(
-            request_id=job.request_id,
-            finish_reason=finish_reason,
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached_tokens,
-            completion_tokens=completion_tokens,
-            timing=timing,
-            error=error,
-            stop_reason=stop_reason,
-            error_param=error_param,
-        ),
+    event = done_event(
+        request_id=job.request_id, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens, completion_tokens=completion_tokens, timing=timing, error=error,
+        stop_reason=stop_reason, error_param=error_param,
     )
+    if events is not None:
+        events.append((job.reply_channel, event))
+    else:
+        sink.send(job.reply_channel, event)
 
 
 def job_fail(*, job: Job, sink: EventSink, worker_id: str, error: str, prompt_tokens: int = 0,

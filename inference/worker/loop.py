@@ -293,34 +293,51 @@ class WorkerLoop:
                 else:  # reaped meanwhile: someone else owns it now
                     self._engine_abort(request_id)
                     self.active.pop(request_id, None)
-        events: list[tuple[str, dict]] = []
+        # One hand-over per step for the deltas, then (after the usage records
+        # are written) one for the done events: each reply channel gets at most
+        # two messages per step, and no delta waits for a database write.
+        deltas: list[tuple[str, dict]] = []
+        finished: list[tuple[_Active, Any]] = []
         for output in outputs:
             active = self.active.get(output.request_id)
             if active is None:
                 continue
             try:
-                self._handle_output(active, output, now, events)
+                if self._handle_output(active, output, now, deltas):
+                    finished.append((active, output))
             except Exception as exc:  # noqa: BLE001
                 logger.exception("handling output of %s failed", output.request_id)
                 self._engine_abort(output.request_id)
                 self._fail(output.request_id, f"Worker error: {exc}")
-        self.sink.send_many(events)
+        self.sink.send_many(deltas)
+        if not finished:
+            return
+        dones: list[tuple[str, dict]] = []
+        for active, output in finished:
+            try:
+                self._finish(active, output, now, dones)
+            except Exception as exc:  # noqa: BLE001
+                logger.exception("finishing %s failed", output.request_id)
+                self._fail(output.request_id, f"Worker error: {exc}")
+        self.sink.send_many(dones)
 
-    def _handle_output(self, active: _Active, output: Any, now: float, events: list) -> None:
+    def _handle_output(self, active: _Active, output: Any, now: float, events: list) -> bool:
+        """Append this output's delta to `events`; True when the request finished."""
         job = active.job
-        new_ids = list(output.new_token_ids or [])
+        new_ids = output.new_token_ids
         if new_ids or output.delta_text:
+            new_ids = list(new_ids or ())
             if active.first_token_at is None:
                 active.first_token_at = now
             active.completion_tokens += len(new_ids)
             self._tokens_since_beat += len(new_ids)
             events.append((job.reply_channel, delta_event(
                 request_id=job.request_id, text=output.delta_text or "", token_ids=new_ids, logprobs=output.logprobs)))
-        if not output.finished:
-            return
-        # Deltas of this step go out before the done event.
-        self.sink.send_many(events)
-        events.clear()
+        return bool(output.finished)
+
+    def _finish(self, active: _Active, output: Any, now: float, events: list) -> None:
+        """Usage record, then the done event (appended to `events`), then release the lease."""
+        job = active.job
         usage, timing = output.usage, output.timing
         engine_queued = float(getattr(timing, "queued_s", 0.0) or 0.0)
         extra = {f"engine_{name}": getattr(timing, name, None) for name in ("queued_s", "ttft_s", "e2e_s")}
@@ -331,7 +348,7 @@ class WorkerLoop:
             completion_tokens=int(usage.completion_tokens),
             queued_s=max(0.0, active.leased_at - job.enqueued_at) + engine_queued,
             ttft_s=None if active.first_token_at is None else max(0.0, active.first_token_at - job.enqueued_at),
-            stop_reason=output.stop_reason, extra_timing=extra, now=now,
+            stop_reason=output.stop_reason, extra_timing=extra, now=now, events=events,
         )
         self._release(job.request_id)
 

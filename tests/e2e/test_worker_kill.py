@@ -13,6 +13,7 @@ the events from the Redis channel layer, as the API does.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ import uuid
 
 import pytest
 
+from inference.api.replies import events_unpack
 from tests.e2e.processes import (
     MODEL, Proc, database_prepare, postgres_database_reset, process_env, usage_records, wait_until, worker_start,
 )
@@ -103,12 +105,19 @@ class Events:
         from channels_redis.core import RedisChannelLayer
 
         self.layer = RedisChannelLayer(hosts=[REDIS_URL], capacity=10000, expiry=120)
+        self.buffers: dict[str, collections.deque] = {}
 
     async def channel(self) -> str:
         return await self.layer.new_channel("reply.")
 
     async def receive(self, channel: str, timeout: float = 60.0) -> dict:
-        return await asyncio.wait_for(self.layer.receive(channel), timeout)
+        """The next event on `channel`; the workers send them in engine.events batches."""
+        buffer = self.buffers.setdefault(channel, collections.deque())
+        while not buffer:
+            message = await asyncio.wait_for(self.layer.receive(channel), timeout)
+            assert message["type"] == "engine.events", message
+            buffer.extend(events_unpack(message))
+        return buffer.popleft()
 
     async def until_done(self, channel: str, timeout: float = 120.0) -> tuple[list[dict], dict]:
         deltas = []

@@ -9,6 +9,7 @@ import time
 import pytest
 from channels.layers import InMemoryChannelLayer
 
+from inference.api.replies import events_unpack
 from inference.worker.events import EventSink
 from inference.worker.reaper import dead_workers_reap
 from tenants.models import UsageRecord
@@ -25,7 +26,10 @@ def channel():
     sink = EventSink(layer, loop=loop)
 
     def receive(name: str, timeout: float = 5.0) -> dict:
-        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(layer.receive(name), timeout), loop).result()
+        """The one event of the (single-event) batch message on `name`."""
+        message = asyncio.run_coroutine_threadsafe(asyncio.wait_for(layer.receive(name), timeout), loop).result()
+        (event,) = events_unpack(message)
+        return event
 
     yield sink, receive
     sink.close()

@@ -8,6 +8,7 @@ event loop (as the web server's would be in the embedded mode).
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import threading
 import time
@@ -16,6 +17,7 @@ import uuid
 import pytest
 from channels.layers import InMemoryChannelLayer
 
+from inference.api.replies import events_unpack
 from inference.queue.memory import MemoryJobQueue
 from inference.worker.events import EventSink
 from inference.worker.loop import WorkerLoop
@@ -46,14 +48,21 @@ class Harness:
         self.aloop_thread = threading.Thread(target=self.aloop.run_forever, daemon=True)
         self.aloop_thread.start()
         self.sink = EventSink(self.layer, loop=self.aloop)
+        self._buffers: dict[str, collections.deque] = {}
         self.loop = WorkerLoop(queue=self.queue, model=MODEL, sink=self.sink, engine=engine, worker_id="w-test",
                                **loop_options)
         self.thread = threading.Thread(target=self.loop.run, daemon=True)
         self.thread.start()
 
     def receive(self, channel: str, timeout: float = 60.0) -> dict:
-        coro = asyncio.wait_for(self.layer.receive(channel), timeout)
-        return asyncio.run_coroutine_threadsafe(coro, self.aloop).result()
+        """The next event on `channel` (the worker sends them in engine.events batches)."""
+        buffer = self._buffers.setdefault(channel, collections.deque())
+        while not buffer:
+            coro = asyncio.wait_for(self.layer.receive(channel), timeout)
+            message = asyncio.run_coroutine_threadsafe(coro, self.aloop).result()
+            assert message["type"] == "engine.events", message
+            buffer.extend(events_unpack(message))
+        return buffer.popleft()
 
     def collect(self, channel: str) -> tuple[list[dict], dict]:
         deltas = []
@@ -342,12 +351,12 @@ async def test_embedded_worker_starts_once_and_delivers_on_the_web_loop(engine, 
         channel = await layer.new_channel("reply.")
         job = chat_job(engine, tenant, "Say hello.", max_tokens=6, ignore_eos=True, channel=channel)
         queue_module.get_job_queue().enqueue(job)
-        texts = []
-        while True:
-            event = await asyncio.wait_for(layer.receive(channel), 60)
-            if event["type"] == "engine.done":
-                break
-            texts.append(event["text"])
+        texts, event = [], {}
+        while event.get("type") != "engine.done":
+            message = await asyncio.wait_for(layer.receive(channel), 60)
+            for event in events_unpack(message):
+                if event["type"] == "engine.delta":
+                    texts.append(event["text"])
         assert event["usage"]["completion_tokens"] == 6 and "".join(texts)
         row = await sync_to_async(record)(job.request_id)
         assert row.completion_tokens == 6 and row.worker_id == worker.worker_id

@@ -163,4 +163,4 @@ def test_dispatch_forced_triton(device, monkeypatch):
     assert ops.paged_prefill_attention is paged_prefill_attention
     assert ops.store_kv is store_kv and ops.silu_and_mul is silu_and_mul
     monkeypatch.delenv("KERNELS_BACKEND")
-    assert get_ops(device).backend == ("triton" if device == "cuda" else "ref")
+    assert get_ops(device).backend in (("triton",) if device == "cuda" else ("cpu", "ref"))

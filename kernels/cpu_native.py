@@ -1,0 +1,158 @@
+"""Build and load the native CPU kernels (``kernels/csrc/*.c``) through ctypes.
+
+The C sources are compiled at first use with the system C compiler (``$CC``,
+else ``cc``/``gcc``/``clang``) into a shared library under the cache directory
+(``$KERNELS_CACHE_DIR``, default ``~/.cache/llm-platform/kernels``). The file
+name is a hash of the source, the flags, the compiler's version and this CPU's
+feature flags, since ``-march=native`` code must never be loaded on another CPU
+that shares the cache. Builds go to a temporary file that is renamed into
+place, so processes building at once never load a half-written library.
+
+``load()`` returns None, after logging one warning, when there is no compiler,
+the build or the load fails, or ``KERNELS_CPU_NATIVE=0``; callers then use the
+PyTorch references.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENABLE_ENV = "KERNELS_CPU_NATIVE"
+CACHE_ENV = "KERNELS_CACHE_DIR"
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
+# Built into the same library (kernels/fused_ops_cpu.py binds its functions).
+EXTRA_SOURCES = (Path(__file__).with_name("csrc") / "fused_ops.c",)
+# -fno-trapping-math lets GCC if-convert (and so vectorise) loops with clamps.
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
+ABI_VERSION = 1
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+_warned = False
+
+
+def enabled() -> bool:
+    return os.environ.get(ENABLE_ENV, "1").strip() != "0"
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get(CACHE_ENV, "").strip()
+    return Path(configured) if configured else Path.home() / ".cache" / "llm-platform" / "kernels"
+
+
+def find_compiler() -> str | None:
+    configured = os.environ.get("CC", "").strip()
+    if configured:
+        return shutil.which(configured.split()[0]) and configured
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags (Linux); elsewhere the best description there is."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):  # x86, arm64
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def library_path(compiler: str, source: bytes) -> Path:
+    """Where the library built from ``source`` with ``compiler`` on this CPU lives."""
+    version = subprocess.run(
+        [*compiler.split(), "--version"], capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    key = hashlib.sha256()
+    for part in (source, *(extra.read_bytes() for extra in EXTRA_SOURCES), " ".join(FLAGS).encode(), compiler.encode(), version.encode(),
+                 platform.machine().encode(), _cpu_flags().encode()):
+        key.update(part)
+        key.update(b"\0")
+    return cache_dir() / f"{SOURCE.stem}-{key.hexdigest()[:24]}.so"
+
+
+def build(compiler: str, source_path: Path, target: Path) -> None:
+    """Compile ``source_path`` into ``target`` atomically (temp file, then rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.stem + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        result = subprocess.run(
+            [*compiler.split(), *FLAGS, "-o", tmp, str(source_path), *map(str, EXTRA_SOURCES), "-lm"],
+            capture_output=True, text=True, timeout=300,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _warn_once(message: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("native CPU kernels unavailable, using the PyTorch references: %s", message)
+
+
+def _load_uncached() -> ctypes.CDLL | None:
+    compiler = find_compiler()
+    if compiler is None:
+        _warn_once("no C compiler found (set CC, or install gcc)")
+        return None
+    try:
+        source = SOURCE.read_bytes()
+        path = library_path(compiler, source)
+        if not path.exists():
+            build(compiler, SOURCE, path)
+        # torch is imported first, so the library's libgomp.so.1 resolves to torch's
+        # copy: one OpenMP runtime and one thread pool for both.
+        lib = ctypes.CDLL(str(path))
+        if lib.paged_decode_attention_abi_version() != ABI_VERSION:
+            raise RuntimeError(f"{path} has ABI {lib.paged_decode_attention_abi_version()}, want {ABI_VERSION}")
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+        _warn_once(str(exc))
+        return None
+    fn = lib.paged_decode_attention
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [
+        ptr, i64, i64,  # q, its batch and head strides (elements)
+        ptr, ptr,  # k_cache, v_cache
+        i64, i64, i64,  # num_blocks, block_size, num_kv_heads
+        ptr, i64, i64,  # block_tables, its row stride, max blocks per sequence
+        ptr, ptr,  # seq_lens, out
+        i64, i64, i64,  # batch, num_heads, head_dim
+        ctypes.c_float, ctypes.c_int, i64, ctypes.c_int,  # scale, dtype code, num_splits, threads
+    ]
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def load() -> ctypes.CDLL | None:
+    """The native kernel library, built if needed; None when unavailable (see module doc)."""
+    if not enabled():
+        return None
+    with _lock:
+        if "lib" not in _loaded:
+            _loaded["lib"] = _load_uncached()
+        return _loaded["lib"]
+
+
+def available() -> bool:
+    return load() is not None

@@ -1,0 +1,186 @@
+/* Fused elementwise ops for the CPU path: RMSNorm (+ residual add), rotary
+ * embedding, SiLU-and-multiply and the K/V cache write.
+ *
+ * Each function does in one pass what the PyTorch references do in 5-12
+ * tensor ops, with the same rounding steps: model-dtype values are rounded
+ * where the references round them (bf16 round-to-nearest-even), arithmetic in
+ * float32, and no fused multiply-adds (built with -ffp-contract=off) so the
+ * rotary products round like HF's `q * cos + rotate_half(q) * sin`.
+ * Reductions use 16 float32 partial sums, so a row's variance may differ from
+ * PyTorch's in the last bit.
+ *
+ * Built by kernels/cpu_native.py with -O3 -march=native -fno-trapping-math
+ * (which lets GCC vectorise the loops, exp_approx's clamps included); the
+ * pragma below turns off FMA contraction for this file only.
+ *
+ * dtype codes: 0 float32, 1 bfloat16. Strides are in elements.
+ */
+#pragma GCC optimize("fp-contract=off")
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_HIDDEN 16384
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x40u; /* keep NaNs quiet NaNs */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+static inline void load_row(const void *src, int64_t offset, int64_t n, int dtype, float *dst) {
+    if (dtype) {
+        const uint16_t *s = (const uint16_t *)src + offset;
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+    } else {
+        memcpy(dst, (const float *)src + offset, (size_t)n * 4);
+    }
+}
+
+static inline void store_row(void *dst, int64_t offset, int64_t n, int dtype, const float *src) {
+    if (dtype) {
+        uint16_t *d = (uint16_t *)dst + offset;
+        for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+    } else {
+        memcpy((float *)dst + offset, src, (size_t)n * 4);
+    }
+}
+
+static float sum_squares(const float *v, int64_t n) {
+    float part[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) part[j] += v[i + j] * v[i + j];
+    float total = 0.0f;
+    for (int j = 0; j < 16; j++) total += part[j];
+    for (; i < n; i++) total += v[i] * v[i];
+    return total;
+}
+
+/* new_res = x + res (rounded to the dtype); out = rms_norm(new_res) * weight.
+ * Without a residual (res == NULL) new_res is not written. */
+void rms_norm_rows(const void *x, const void *res, const void *weight, void *out, void *new_res,
+                   int64_t rows, int64_t hidden, int64_t sx, int64_t sr, int64_t so, int64_t sn,
+                   float eps, int dtype, int num_threads) {
+    int threads = rows * hidden >= 65536 ? num_threads : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float v[MAX_HIDDEN], w[MAX_HIDDEN];
+        load_row(x, r * sx, hidden, dtype, v);
+        if (res) {
+            float tmp[MAX_HIDDEN];
+            load_row(res, r * sr, hidden, dtype, tmp);
+            if (dtype)
+                for (int64_t i = 0; i < hidden; i++) v[i] = bf16_to_f32(f32_to_bf16(v[i] + tmp[i]));
+            else
+                for (int64_t i = 0; i < hidden; i++) v[i] += tmp[i];
+            store_row(new_res, r * sn, hidden, dtype, v);
+        }
+        float inv = 1.0f / sqrtf(sum_squares(v, hidden) / (float)hidden + eps);
+        load_row(weight, 0, hidden, dtype, w);
+        if (dtype)
+            for (int64_t i = 0; i < hidden; i++) v[i] = bf16_to_f32(f32_to_bf16(v[i] * inv)) * w[i];
+        else
+            for (int64_t i = 0; i < hidden; i++) v[i] = v[i] * inv * w[i];
+        store_row(out, r * so, hidden, dtype, v);
+    }
+}
+
+/* x: [T, H, D] with row stride sx and head stride sh (inner dim contiguous);
+ * out: contiguous [T, H, D]; cos_sin: float32 [max_pos, D] (cos half, sin half). */
+void rotary_rows(const void *x, void *out, const int64_t *positions, const float *cos_sin,
+                 int64_t tokens, int64_t heads, int64_t head_dim, int64_t sx, int64_t sh,
+                 int dtype, int num_threads) {
+    int64_t half = head_dim / 2;
+    int threads = tokens * heads * head_dim >= 65536 ? num_threads : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *cs = cos_sin + positions[t] * head_dim;
+        const float *cos = cs, *sin = cs + half;
+        float in[1024], o[1024];
+        for (int64_t h = 0; h < heads; h++) {
+            load_row(x, t * sx + h * sh, head_dim, dtype, in);
+            for (int64_t i = 0; i < half; i++) {
+                float x1 = in[i], x2 = in[i + half];
+                float a = x1 * cos[i], b = x2 * sin[i];
+                float c = x2 * cos[i], d = x1 * sin[i];
+                o[i] = a - b;
+                o[i + half] = c + d;
+            }
+            store_row(out, (t * heads + h) * head_dim, head_dim, dtype, o);
+        }
+    }
+}
+
+/* exp(x) for float32, vectorisable: n = round(x / ln 2), r = x - n ln 2 (two
+ * parts), a degree-6 Taylor polynomial on |r| <= 0.35 (relative error ~2e-7),
+ * scaled by 2^n through the exponent bits. x is clamped to [-87, 88]. */
+static inline float exp_approx(float x) {
+    x = x > -87.0f ? x : -87.0f;
+    x = x < 88.0f ? x : 88.0f;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest (1.5 * 2^23) */
+    float r = x - n * 0.693145751953125f;
+    r = r - n * 1.428606765330187e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+static void silu_inplace(float *restrict g, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + exp_approx(-g[i]));
+}
+
+/* x: [T, 2I] with row stride sx; out: [T, I] with row stride so. */
+void silu_and_mul_rows(const void *x, void *out, int64_t rows, int64_t inter, int64_t sx, int64_t so,
+                       int dtype, int num_threads) {
+    int threads = rows * inter >= 65536 ? num_threads : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float g[MAX_HIDDEN], u[MAX_HIDDEN];
+        load_row(x, r * sx, inter, dtype, g);
+        load_row(x, r * sx + inter, inter, dtype, u);
+        silu_inplace(g, inter);
+        if (dtype)
+            for (int64_t i = 0; i < inter; i++) g[i] = bf16_to_f32(f32_to_bf16(g[i])) * u[i];
+        else
+            for (int64_t i = 0; i < inter; i++) g[i] *= u[i];
+        store_row(out, r * so, inter, dtype, g);
+    }
+}
+
+/* Copy each token's keys and values ([Hkv * D] elements of elem_size bytes,
+ * rows sk / sv elements apart, heads contiguous) to its cache slot; slots < 0
+ * (padding) are skipped and slots >= num_slots are reported, not written.
+ * Returns the number of out-of-range slots (0 on success). */
+int64_t store_kv_rows(const void *key, const void *value, void *k_cache, void *v_cache, const int64_t *slots,
+                      int64_t tokens, int64_t row_elems, int64_t sk, int64_t sv, int64_t elem_size,
+                      int64_t num_slots) {
+    int64_t bad = 0;
+    size_t row_bytes = (size_t)(row_elems * elem_size);
+    for (int64_t t = 0; t < tokens; t++) {
+        int64_t slot = slots[t];
+        if (slot < 0) continue;
+        if (slot >= num_slots) { bad++; continue; }
+        memcpy((char *)k_cache + slot * row_bytes, (const char *)key + t * sk * elem_size, row_bytes);
+        memcpy((char *)v_cache + slot * row_bytes, (const char *)value + t * sv * elem_size, row_bytes);
+    }
+    return bad;
+}

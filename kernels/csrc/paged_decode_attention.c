@@ -1,0 +1,498 @@
+/* Paged decode attention on the CPU: one query token per sequence over its
+ * cached K/V, read in place from the paged cache (no gather copy).
+ *
+ * Plain C (no torch headers), built at first use by kernels/cpu_native.py with
+ * -O3 -march=native -fopenmp and called through ctypes. The loops are written
+ * for the auto-vectoriser: every inner loop runs over head_dim (or a tile of
+ * tokens) with unit stride, and the reductions carry `omp simd` so they may be
+ * reassociated.
+ *
+ * Layouts: q [B, Hq, D] (rows of D contiguous, strides given); k/v cache
+ * [num_blocks, block_size, Hkv, D] contiguous; block_tables [B, M] int32 (row
+ * stride given); seq_lens [B] int32; out [B, Hq, D] contiguous. Query head h
+ * reads KV head h / (Hq / Hkv).
+ *
+ * Work items are (sequence, KV head, split): a split is a range of the
+ * sequence's tokens, so a batch of one still spreads over all threads. All G
+ * query heads of the KV head share each K/V row (converted to float32 once),
+ * and softmax runs online per tile of tokens in float32 (base-2, the scale
+ * folded into q). With more than one split, each item leaves its unnormalised
+ * accumulator and (max, sum) in a float32 scratch and a second pass merges the
+ * splits by log-sum-exp.
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 };
+enum { OK = 0, ERR_SEQ_LEN = 1, ERR_BLOCK_ID = 2, ERR_ARGS = 3, ERR_NOMEM = 4 };
+
+#define TILE 32          /* tokens per online-softmax step */
+#define MIN_SPLIT 128    /* never split a sequence into parts shorter than this */
+#define LANES 16         /* floats per inner vector step: one AVX-512 register, two AVX2, four SSE/NEON */
+#define LOG2E 1.4426950408889634f
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* ---- conversions ------------------------------------------------------- */
+
+ALWAYS_INLINE float bits_to_f32(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+ALWAYS_INLINE uint32_t f32_to_bits(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return bits;
+}
+
+ALWAYS_INLINE uint16_t f32_to_bf16(float f)
+{
+    uint32_t bits = f32_to_bits(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fc0; /* NaN */
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16); /* round to nearest even */
+}
+
+#if defined(__FLT16_MAX__)
+typedef _Float16 half_t;
+ALWAYS_INLINE float f16_to_f32(half_t h) { return (float)h; }
+ALWAYS_INLINE half_t f32_to_f16(float f) { return (half_t)f; }
+#else
+typedef uint16_t half_t;
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f)
+        return bits_to_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) /* zero or subnormal: man * 2^-24 */
+        return sign ? -(float)man * 5.9604644775390625e-8f : (float)man * 5.9604644775390625e-8f;
+    return bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t bits = f32_to_bits(f), sign = (bits >> 16) & 0x8000u, abs = bits & 0x7fffffffu;
+    if (abs > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u);
+    if (abs >= 0x477ff000u) /* rounds to >= 65520: infinity */
+        return (uint16_t)(sign | 0x7c00u);
+    if (abs < 0x38800000u) { /* below the smallest normal: round to a multiple of 2^-24 */
+        float scaled = bits_to_f32(abs) * 16777216.0f;
+        return (uint16_t)(sign | (uint32_t)nearbyintf(scaled));
+    }
+    uint32_t r = abs - (112u << 23);
+    r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+    return (uint16_t)(sign | r);
+}
+#endif
+
+/* One row of D values in the storage dtype -> float32. */
+ALWAYS_INLINE void load_row(float *restrict dst, const void *restrict src, int64_t d, int dtype)
+{
+    if (dtype == DTYPE_F32) {
+        memcpy(dst, src, (size_t)d * sizeof(float));
+    } else if (dtype == DTYPE_BF16) {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int64_t i = 0; i < d; i++)
+            dst[i] = bits_to_f32((uint32_t)s[i] << 16);
+    } else {
+        const half_t *s = (const half_t *)src;
+        for (int64_t i = 0; i < d; i++)
+            dst[i] = f16_to_f32(s[i]);
+    }
+}
+
+ALWAYS_INLINE void store_row(void *restrict dst, const float *restrict src, int64_t d, int dtype)
+{
+    if (dtype == DTYPE_F32) {
+        memcpy(dst, src, (size_t)d * sizeof(float));
+    } else if (dtype == DTYPE_BF16) {
+        uint16_t *o = (uint16_t *)dst;
+        for (int64_t i = 0; i < d; i++)
+            o[i] = f32_to_bf16(src[i]);
+    } else {
+        half_t *o = (half_t *)dst;
+        for (int64_t i = 0; i < d; i++)
+            o[i] = f32_to_f16(src[i]);
+    }
+}
+
+/* 2^x for x <= 0 (0 below -126), from branch-free operations that vectorise:
+ * x = n + f with n an integer and |f| <= 1/2, 2^f by its degree-7 Taylor
+ * polynomial (relative error < 1e-8), 2^n built in the exponent bits. */
+ALWAYS_INLINE float exp2_nonpos(float x)
+{
+    const float shift = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float xc = x < -126.0f ? -126.0f : x;
+    float t = xc + shift;
+    float n = t - shift;
+    float f = xc - n;
+    int32_t ni = (int32_t)(f32_to_bits(t) - f32_to_bits(shift));
+    float p = 1.525273380405984e-05f;
+    p = p * f + 1.5403530393381608e-04f;
+    p = p * f + 1.3333558146428443e-03f;
+    p = p * f + 9.618129107628477e-03f;
+    p = p * f + 5.550410866482158e-02f;
+    p = p * f + 2.402265069591007e-01f;
+    p = p * f + 6.931471805599453e-01f;
+    p = p * f + 1.0f;
+    float r = p * bits_to_f32((uint32_t)(ni + 127) << 23);
+    return x < -126.0f ? 0.0f : r;
+}
+
+/* ---- the problem -------------------------------------------------------- */
+
+typedef struct {
+    const char *q, *k_cache, *v_cache;
+    const int32_t *block_tables, *seq_lens;
+    char *out;
+    float *part_acc; /* [B, Hq, S, D] unnormalised, when S > 1 */
+    float *part_ml;  /* [B, Hq, S, 2] running max (log2 domain) and sum */
+    int64_t q_stride_b, q_stride_h, bt_stride;
+    int64_t batch, num_heads, num_kv_heads, head_dim, block_size, group;
+    int64_t token_stride, block_stride; /* elements */
+    int64_t esize, num_splits, split_tiles;
+    float scale_log2;
+    int dtype;
+} problem_t;
+
+/* Scratch of one thread: q, acc [G, Dp]; scores [G, TILE]; a tile of K or V rows
+ * [TILE, Dp] in float32; running max, sum and rescale factor [G]; row offsets
+ * of two tiles.
+ * Rows are padded to Dp (a multiple of LANES) with zeros, so the vector loops
+ * have no remainders. */
+typedef struct {
+    float *q, *acc, *scores, *tile, *m, *l, *alpha;
+    int64_t *rows;
+} scratch_t;
+
+ALWAYS_INLINE int64_t padded(int64_t d) { return (d + LANES - 1) / LANES * LANES; }
+
+static float *alloc_floats(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (n ? n : 1) * sizeof(float)))
+        return NULL;
+    return (float *)p;
+}
+
+static int scratch_init(scratch_t *s, const problem_t *p)
+{
+    size_t g = (size_t)p->group, dp = (size_t)padded(p->head_dim);
+    size_t n = 2 * g * dp + g * TILE + TILE * dp + 4 * g + 4 * TILE;
+    float *base = alloc_floats(n);
+    if (!base)
+        return ERR_NOMEM;
+    memset(base, 0, n * sizeof(float));
+    s->q = base;
+    s->acc = s->q + g * dp;
+    s->scores = s->acc + g * dp;
+    s->tile = s->scores + g * TILE;
+    s->m = s->tile + TILE * dp;
+    s->l = s->m + g;
+    s->alpha = s->l + g;
+    s->rows = (int64_t *)(s->alpha + 2 * g); /* 4 * TILE floats = 2 * TILE int64 */
+    return OK;
+}
+
+/* Element offsets of the rows of tokens [t0, min(t0 + TILE, end)) of KV head h; returns their count. */
+ALWAYS_INLINE int64_t tile_rows(const problem_t *restrict p, const int32_t *restrict table, int64_t h,
+                                int64_t t0, int64_t end, int64_t *restrict rows)
+{
+    const int64_t n_tok = end - t0 < TILE ? end - t0 : TILE;
+    if (n_tok <= 0)
+        return 0;
+    /* one division per tile, not per token (a 64-bit divide costs tens of cycles) */
+    int64_t j = t0 / p->block_size, off = t0 - j * p->block_size;
+    int64_t base = table[j] * p->block_stride + h * p->head_dim;
+    for (int64_t n = 0; n < n_tok; n++) {
+        if (off == p->block_size) {
+            off = 0;
+            base = table[++j] * p->block_stride + h * p->head_dim;
+        }
+        rows[n] = base + off * p->token_stride;
+        off++;
+    }
+    return n_tok;
+}
+
+/* Attend one (sequence b, KV head h, split) item. */
+ALWAYS_INLINE void attend_item(const problem_t *restrict p, scratch_t *restrict s,
+                               int64_t b, int64_t h, int64_t split, int dtype, int64_t dp)
+{
+    const int64_t D = p->head_dim, G = p->group;
+    const int64_t len = p->seq_lens[b];
+    const int64_t span = p->split_tiles * TILE;
+    const int64_t start = split * span;
+    const int64_t end = start + span < len ? start + span : len;
+    const int32_t *table = p->block_tables + b * p->bt_stride;
+    const int64_t esize = p->esize;
+
+    for (int64_t g = 0; g < G; g++) {
+        const char *qrow = p->q + (b * p->q_stride_b + (h * G + g) * p->q_stride_h) * esize;
+        float *qf = s->q + g * dp;
+        load_row(qf, qrow, D, dtype);
+        for (int64_t d = 0; d < D; d++)
+            qf[d] *= p->scale_log2;
+        float *acc = s->acc + g * dp;
+        for (int64_t d = 0; d < D; d++)
+            acc[d] = 0.0f;
+        s->m[g] = -INFINITY;
+        s->l[g] = 0.0f;
+    }
+
+    int64_t *rows = s->rows, *next = s->rows + TILE;
+    tile_rows(p, table, h, start, end, next);
+    for (int64_t t0 = start; t0 < end; t0 += TILE) {
+        const int64_t n_tok = end - t0 < TILE ? end - t0 : TILE;
+        int64_t *swap = rows;
+        rows = next;
+        next = swap;
+        /* the next tile's rows are fetched while this one is computed (the blocks are scattered,
+         * which defeats the hardware prefetchers) */
+        const int64_t n_next = tile_rows(p, table, h, t0 + TILE, end, next);
+        const int64_t row_bytes = D * esize;
+        for (int64_t n = 0; n < n_next; n++)
+            for (int64_t off = 0; off < row_bytes; off += 64) {
+                __builtin_prefetch(p->k_cache + next[n] * esize + off, 0, 3);
+                __builtin_prefetch(p->v_cache + next[n] * esize + off, 0, 3);
+            }
+        /* scores[g, n] = q[g] . k[n] (log2 domain): LANES partial sums, then a tree */
+        for (int64_t n = 0; n < n_tok; n++)
+            load_row(s->tile + n * dp, p->k_cache + rows[n] * esize, D, dtype);
+        for (int64_t n = 0; n < n_tok; n++) {
+            const float *restrict kf = s->tile + n * dp;
+            for (int64_t g = 0; g < G; g++) {
+                const float *restrict qf = s->q + g * dp;
+                float part[LANES] = {0};
+                for (int64_t d0 = 0; d0 < dp; d0 += LANES)
+                    for (int l = 0; l < LANES; l++)
+                        part[l] += qf[d0 + l] * kf[d0 + l];
+                for (int w = LANES / 2; w > 0; w /= 2)
+                    for (int l = 0; l < w; l++)
+                        part[l] += part[l + w];
+                s->scores[g * TILE + n] = part[0];
+            }
+        }
+        /* online softmax: new max, then the weights and the running sum */
+        for (int64_t g = 0; g < G; g++) {
+            float *sc = s->scores + g * TILE;
+            float mx = s->m[g];
+            for (int64_t n = 0; n < n_tok; n++)
+                mx = sc[n] > mx ? sc[n] : mx;
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t n = 0; n < n_tok; n++) {
+                float e = exp2_nonpos(sc[n] - mx);
+                sc[n] = e;
+                sum += e;
+            }
+            s->alpha[g] = exp2_nonpos(s->m[g] - mx);
+            s->l[g] = s->l[g] * s->alpha[g] + sum;
+            s->m[g] = mx;
+        }
+        /* acc[g] = acc[g] * alpha[g] + sum_n p[g, n] * v[n], LANES columns at a time in registers */
+        for (int64_t n = 0; n < n_tok; n++)
+            load_row(s->tile + n * dp, p->v_cache + rows[n] * esize, D, dtype);
+        for (int64_t g = 0; g < G; g++) {
+            const float *restrict pw = s->scores + g * TILE;
+            float *restrict acc = s->acc + g * dp;
+            const float a0 = s->alpha[g];
+            for (int64_t d0 = 0; d0 < dp; d0 += LANES) {
+                float a[LANES];
+                for (int l = 0; l < LANES; l++)
+                    a[l] = acc[d0 + l] * a0;
+                for (int64_t n = 0; n < n_tok; n++) {
+                    const float w = pw[n];
+                    const float *restrict vf = s->tile + n * dp + d0;
+                    for (int l = 0; l < LANES; l++)
+                        a[l] += w * vf[l];
+                }
+                for (int l = 0; l < LANES; l++)
+                    acc[d0 + l] = a[l];
+            }
+        }
+    }
+
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t head = h * G + g;
+        float *acc = s->acc + g * dp;
+        if (p->num_splits == 1) {
+            float inv = s->l[g] > 0.0f ? 1.0f / s->l[g] : 0.0f;
+            for (int64_t d = 0; d < D; d++)
+                acc[d] *= inv;
+            store_row(p->out + ((b * p->num_heads + head) * D) * esize, acc, D, dtype);
+        } else {
+            int64_t slot = (b * p->num_heads + head) * p->num_splits + split;
+            memcpy(p->part_acc + slot * D, acc, (size_t)D * sizeof(float));
+            p->part_ml[2 * slot] = s->m[g];
+            p->part_ml[2 * slot + 1] = s->l[g];
+        }
+    }
+}
+
+/* Merge the splits of (sequence b, query head) by log-sum-exp. */
+ALWAYS_INLINE void merge_head(const problem_t *restrict p, float *restrict row, int64_t b, int64_t head,
+                              int dtype)
+{
+    const int64_t D = p->head_dim, S = p->num_splits;
+    const int64_t base = (b * p->num_heads + head) * S;
+    float top = -INFINITY;
+    for (int64_t sp = 0; sp < S; sp++) {
+        float m = p->part_ml[2 * (base + sp)];
+        top = m > top ? m : top;
+    }
+    for (int64_t d = 0; d < D; d++)
+        row[d] = 0.0f;
+    float total = 0.0f;
+    for (int64_t sp = 0; sp < S; sp++) {
+        float l = p->part_ml[2 * (base + sp) + 1];
+        if (l <= 0.0f) /* an empty split */
+            continue;
+        float w = exp2_nonpos(p->part_ml[2 * (base + sp)] - top);
+        total += l * w;
+        const float *part = p->part_acc + (base + sp) * D;
+        for (int64_t d = 0; d < D; d++)
+            row[d] += w * part[d];
+    }
+    float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int64_t d = 0; d < D; d++)
+        row[d] *= inv;
+    store_row(p->out + ((b * p->num_heads + head) * D) * p->esize, row, D, dtype);
+}
+
+ALWAYS_INLINE int run_items(const problem_t *restrict p, int nthreads, int dtype)
+{
+    const int64_t items = p->batch * p->num_kv_heads * p->num_splits;
+    const int64_t merges = p->num_splits > 1 ? p->batch * p->num_heads : 0;
+    const int64_t dp = padded(p->head_dim);
+    int status = OK;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+        scratch_t s = {0};
+        int mine = scratch_init(&s, p);
+        if (mine != OK) {
+#pragma omp atomic write
+            status = mine;
+        }
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = status;
+        if (failed == OK) {
+            /* sequences first, so a thread's consecutive items share a block table row */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < items; i++) {
+                int64_t split = i % p->num_splits;
+                int64_t rest = i / p->num_splits;
+                int64_t b = rest / p->num_kv_heads, h = rest % p->num_kv_heads;
+                /* constant padded widths for the common head sizes, so their loops unroll fully */
+                if (dp == 64)
+                    attend_item(p, &s, b, h, split, dtype, 64);
+                else if (dp == 128)
+                    attend_item(p, &s, b, h, split, dtype, 128);
+                else
+                    attend_item(p, &s, b, h, split, dtype, dp);
+            }
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < merges; i++)
+                merge_head(p, s.tile, i / p->num_heads, i % p->num_heads, dtype);
+        }
+        if (mine == OK)
+            free(s.q);
+    }
+    return status;
+}
+
+/* Splits per sequence: enough items for every thread (several each, for
+ * balance), none shorter than MIN_SPLIT tokens. */
+static int64_t choose_splits(int64_t batch, int64_t num_kv_heads, int64_t max_len, int nthreads)
+{
+    int64_t want_items = 8 * (int64_t)nthreads;
+    int64_t have = batch * num_kv_heads;
+    if (nthreads <= 1 || have >= want_items)
+        return 1;
+    int64_t splits = (want_items + have - 1) / have;
+    int64_t most = max_len / MIN_SPLIT;
+    if (splits > most)
+        splits = most;
+    return splits < 1 ? 1 : splits;
+}
+
+/* Returns 0 on success, else an ERR_* code (nothing written to out). */
+int paged_decode_attention(
+    const void *q, int64_t q_stride_b, int64_t q_stride_h,
+    const void *k_cache, const void *v_cache,
+    int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
+    const int32_t *block_tables, int64_t bt_stride, int64_t max_blocks,
+    const int32_t *seq_lens, void *out,
+    int64_t batch, int64_t num_heads, int64_t head_dim,
+    float scale, int dtype, int64_t num_splits, int num_threads)
+{
+    if (batch < 0 || num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads || head_dim < 1 ||
+        block_size < 1 || num_blocks < 0 || max_blocks < 0 || num_splits < 0 ||
+        (dtype != DTYPE_F32 && dtype != DTYPE_BF16 && dtype != DTYPE_F16))
+        return ERR_ARGS;
+    /* validate every length and every block id read, so bad metadata cannot read out of bounds */
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        int64_t len = seq_lens[b];
+        if (len < 0 || len > max_blocks * block_size)
+            return ERR_SEQ_LEN;
+        max_len = len > max_len ? len : max_len;
+        const int32_t *table = block_tables + b * bt_stride;
+        for (int64_t j = 0; j < (len + block_size - 1) / block_size; j++)
+            if (table[j] < 0 || table[j] >= num_blocks)
+                return ERR_BLOCK_ID;
+    }
+    if (batch == 0)
+        return OK;
+    int nthreads = num_threads < 1 ? 1 : num_threads;
+    problem_t p = {
+        .q = (const char *)q, .k_cache = (const char *)k_cache, .v_cache = (const char *)v_cache,
+        .block_tables = block_tables, .seq_lens = seq_lens, .out = (char *)out,
+        .q_stride_b = q_stride_b, .q_stride_h = q_stride_h, .bt_stride = bt_stride,
+        .batch = batch, .num_heads = num_heads, .num_kv_heads = num_kv_heads, .head_dim = head_dim,
+        .block_size = block_size, .group = num_heads / num_kv_heads,
+        .token_stride = num_kv_heads * head_dim, .block_stride = block_size * num_kv_heads * head_dim,
+        .esize = dtype == DTYPE_F32 ? 4 : 2,
+        .scale_log2 = scale * LOG2E, .dtype = dtype,
+    };
+    p.num_splits = num_splits > 0 ? num_splits : choose_splits(batch, num_kv_heads, max_len, nthreads);
+    int64_t tiles = (max_len + TILE - 1) / TILE;
+    p.split_tiles = (tiles + p.num_splits - 1) / p.num_splits;
+    if (p.split_tiles < 1)
+        p.split_tiles = 1;
+    if (p.num_splits > 1) {
+        size_t slots = (size_t)batch * (size_t)num_heads * (size_t)p.num_splits;
+        p.part_acc = alloc_floats(slots * (size_t)head_dim);
+        p.part_ml = alloc_floats(slots * 2);
+        if (!p.part_acc || !p.part_ml) {
+            free(p.part_acc);
+            free(p.part_ml);
+            return ERR_NOMEM;
+        }
+    }
+    int status;
+    switch (dtype) { /* one copy of the loops per storage type */
+    case DTYPE_F32: status = run_items(&p, nthreads, DTYPE_F32); break;
+    case DTYPE_BF16: status = run_items(&p, nthreads, DTYPE_BF16); break;
+    default: status = run_items(&p, nthreads, DTYPE_F16); break;
+    }
+    free(p.part_acc);
+    free(p.part_ml);
+    return status;
+}
+
+/* Lets the loader check it has the library it expects. */
+int paged_decode_attention_abi_version(void) { return 1; }

@@ -1,0 +1,90 @@
+"""Native CPU paged decode attention (``kernels/csrc/paged_decode_attention.c``).
+
+Same contract as ``paged_decode_attention_ref``: q [B, Hq, D]; k_cache/v_cache
+[num_blocks, block_size, Hkv, D]; block_tables [B, M] int32; seq_lens [B]
+int32. Each sequence's K/V is read once, in place, from the paged cache: no
+gather copy, no padding. All query heads of a KV head share each K/V row, the
+softmax runs online in float32 with float32 accumulation, and at small batches
+each sequence is split into parts (merged by log-sum-exp) so that every thread
+has work. When the library cannot be built or loaded (no compiler,
+``KERNELS_CPU_NATIVE=0``) this falls back to the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import cpu_native
+from kernels._utils import check_kv_cache
+from kernels.paged_decode_attention import paged_decode_attention_ref
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_ERRORS = {
+    1: "seq_lens must lie in [0, block_tables.shape[1] * block_size]",
+    2: "block_tables holds a block id outside [0, num_blocks) for a token in use",
+    3: "invalid sizes",
+    4: "out of memory for the split-KV scratch",
+}
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def paged_decode_attention_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Decode attention on CPU tensors; ``num_splits`` forces the parts per sequence (tests)."""
+    lib = cpu_native.load()
+    if lib is None:
+        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    check_kv_cache(k_cache, v_cache)
+    if q.dim() != 3:
+        _fail(f"q must be [B, Hq, D], got {tuple(q.shape)}")
+    batch, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, cache_dim = k_cache.shape
+    for name, t in (("q", q), ("k_cache", k_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if t.device.type != "cpu":
+            _fail(f"{name} is on {t.device}; the native kernel takes CPU tensors")
+    if cache_dim != head_dim:
+        _fail(f"q head_dim {head_dim} != cache head_dim {cache_dim}")
+    if num_heads % num_kv_heads:
+        _fail(f"Hq {num_heads} is not a multiple of Hkv {num_kv_heads}")
+    code = _DTYPE_CODES.get(q.dtype)
+    if code is None:
+        _fail(f"q must be float32, bfloat16 or float16, got {q.dtype}")
+    if q.dtype != k_cache.dtype:
+        _fail(f"q is {q.dtype} but the cache is {k_cache.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.dtype != torch.int32:
+        _fail(f"block_tables must be int32 [B={batch}, M], got {block_tables.dtype} {tuple(block_tables.shape)}")
+    if seq_lens.shape != (batch,) or seq_lens.dtype != torch.int32:
+        _fail(f"seq_lens must be int32 [B={batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    if num_splits is not None and num_splits < 1:
+        _fail(f"num_splits must be positive, got {num_splits}")
+    if q.stride(2) != 1 and q.numel():
+        q = q.contiguous()
+    if block_tables.stride(1) != 1 and block_tables.numel():
+        block_tables = block_tables.contiguous()
+    if not seq_lens.is_contiguous():
+        seq_lens = seq_lens.contiguous()
+    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype)
+    if batch == 0:
+        return out
+    status = lib.paged_decode_attention(
+        q.data_ptr(), q.stride(0), q.stride(1),
+        k_cache.data_ptr(), v_cache.data_ptr(),
+        num_blocks, block_size, num_kv_heads,
+        block_tables.data_ptr(), block_tables.stride(0), block_tables.shape[1],
+        seq_lens.data_ptr(), out.data_ptr(),
+        batch, num_heads, head_dim,
+        float(scale), code, num_splits or 0, torch.get_num_threads(),
+    )
+    if status:
+        _fail(f"paged_decode_attention_cpu: {_ERRORS.get(status, f'error {status}')}")
+    return out

@@ -1,0 +1,157 @@
+"""The shared per-process reply channel: worker batches demultiplexed to the right request only.
+
+Runs on the in-memory channel layer, and on channels_redis when a Redis server
+is there (db 2, as the queue tests; skipped locally without one, required
+under CI=true).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.layers import InMemoryChannelLayer
+
+from inference.api.events import JobRun
+from inference.api.replies import ReplyChannel, events_unpack, reply_channel_get
+from inference.worker.events import EventSink, events_message
+from inference.worker.finish import delta_event, done_event
+from tests.inference.queue_helpers import REDIS_TEST_URL, require_redis
+
+
+def delta(request_id: str, text: str) -> dict:
+    return delta_event(request_id=request_id, text=text, token_ids=[1], logprobs=None)
+
+
+def done(request_id: str, completion_tokens: int) -> dict:
+    return done_event(request_id=request_id, finish_reason="length", prompt_tokens=3, cached_tokens=0,
+                      completion_tokens=completion_tokens, timing={})
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def layer(request):
+    if request.param == "memory":
+        layer = InMemoryChannelLayer()
+    else:
+        require_redis()
+        from channels_redis.core import RedisChannelLayer
+
+        layer = RedisChannelLayer(hosts=[{"address": REDIS_TEST_URL, "socket_timeout": 30}], prefix="test-replies:")
+    yield layer
+    # Every test ends with nobody waiting: the receive loop must have stopped by itself.
+    reply = await reply_channel_get(layer)
+    if reply._task is not None:
+        await asyncio.wait_for(asyncio.shield(reply._task), 10)
+    if request.param == "redis":
+        await layer.flush()
+
+
+async def read_all(run: JobRun, timeout: float = 10.0) -> list[dict]:
+    events = []
+    async with run:
+        async for event in run.events(idle_s=timeout):
+            assert event is not None, "timed out"
+            events.append(event)
+    return events
+
+
+async def test_one_batch_for_two_tenants_reaches_each_request_and_nobody_else(layer):
+    reply = await reply_channel_get(layer)
+    alice = JobRun(reply=reply, request_id="req-alice", model="m")
+    bob = JobRun(reply=reply, request_id="req-bob", model="m")
+    # What a worker sends for one step: both requests' deltas in one message,
+    # plus an event for a request this process does not serve (a stale one).
+    await layer.send(reply.name, events_message([
+        delta("req-alice", "A1"), delta("req-bob", "B1"), delta("req-stranger", "S1"), delta("req-alice", "A2"),
+    ]))
+    await layer.send(reply.name, events_message([done("req-bob", 1), delta("req-alice", "A3"), done("req-alice", 3)]))
+    alice_events, bob_events = await asyncio.gather(read_all(alice), read_all(bob))
+    assert [e.get("text") for e in alice_events] == ["A1", "A2", "A3", None]
+    assert [e.get("text") for e in bob_events] == ["B1", None]
+    assert {e["request_id"] for e in alice_events} == {"req-alice"}
+    assert {e["request_id"] for e in bob_events} == {"req-bob"}
+    assert alice.done["usage"]["completion_tokens"] == 3 and bob.done["usage"]["completion_tokens"] == 1
+    assert reply.waiting == 0
+
+
+async def test_events_of_a_request_that_left_are_dropped_not_rerouted(layer):
+    reply = await reply_channel_get(layer)
+    gone = JobRun(reply=reply, request_id="req-gone", model="m")
+    stays = JobRun(reply=reply, request_id="req-stays", model="m")
+    gone.release()  # the client left (its job's abort event still comes)
+    await layer.send(reply.name, events_message([delta("req-gone", "secret"), done("req-gone", 1)]))
+    await layer.send(reply.name, events_message([delta("req-stays", "mine"), done("req-stays", 1)]))
+    assert [e.get("text") for e in await read_all(stays)] == ["mine", None]
+
+
+async def test_a_bare_event_message_is_accepted(layer):
+    reply = await reply_channel_get(layer)
+    run = JobRun(reply=reply, request_id="req-bare", model="m")
+    await layer.send(reply.name, delta("req-bare", "x"))
+    await layer.send(reply.name, done("req-bare", 1))
+    assert [e["type"] for e in await read_all(run)] == ["engine.delta", "engine.done"]
+
+
+async def test_the_receive_loop_stops_when_idle_and_restarts_for_the_next_request(layer):
+    reply = await reply_channel_get(layer)
+    first = JobRun(reply=reply, request_id="req-1", model="m")
+    task = reply._task
+    assert task is not None and not task.done()
+    await layer.send(reply.name, events_message([done("req-1", 0)]))
+    await read_all(first)
+    await asyncio.wait_for(asyncio.shield(task), 10)  # ended by its own stop message
+    second = JobRun(reply=reply, request_id="req-2", model="m")
+    assert reply._task is not task and not reply._task.done()
+    await layer.send(reply.name, events_message([done("req-2", 0)]))
+    assert [e["type"] for e in await read_all(second)] == ["engine.done"]
+    await asyncio.wait_for(asyncio.shield(reply._task), 10)
+
+
+async def test_a_request_registered_while_the_stop_is_in_flight_still_gets_its_events(layer):
+    reply = await reply_channel_get(layer)
+    first = JobRun(reply=reply, request_id="req-a", model="m")
+    first.release()  # last one out: the stop message goes out
+    second = JobRun(reply=reply, request_id="req-b", model="m")  # before the loop read the stop
+    await layer.send(reply.name, events_message([delta("req-b", "hi"), done("req-b", 1)]))
+    assert [e.get("text") for e in await read_all(second)] == ["hi", None]
+
+
+async def test_one_request_id_cannot_wait_twice():
+    reply = await reply_channel_get(InMemoryChannelLayer())
+    run = JobRun(reply=reply, request_id="req-x", model="m")
+    with pytest.raises(ValueError):
+        JobRun(reply=reply, request_id="req-x", model="m")
+    run.release()
+    with pytest.raises(RuntimeError):
+        ReplyChannel(InMemoryChannelLayer(), asyncio.get_running_loop()).register("req-y")
+
+
+async def test_the_sink_sends_one_message_per_reply_channel_per_hand_over():
+    layer = InMemoryChannelLayer()
+    sink = EventSink(layer, loop=asyncio.get_running_loop())
+    one, two = await layer.new_channel("reply."), await layer.new_channel("reply.")
+    sink.send_many([(one, delta("r1", "a")), (two, delta("r2", "b")), (one, delta("r3", "c")), (one, done("r1", 1))])
+    await asyncio.to_thread(sink.flush, 5.0)
+    message = await asyncio.wait_for(layer.receive(one), 5)
+    assert message["type"] == "engine.events"
+    assert [(e["request_id"], e["type"]) for e in events_unpack(message)] == [
+        ("r1", "engine.delta"), ("r3", "engine.delta"), ("r1", "engine.done")]
+    assert [e["request_id"] for e in events_unpack(await asyncio.wait_for(layer.receive(two), 5))] == ["r2"]
+    sink.close()
+
+
+async def test_a_stream_closed_before_it_started_cancels_its_job_and_stops_waiting(monkeypatch):
+    from inference.api import events, views
+
+    cancelled = []
+    monkeypatch.setattr(events, "job_cancel", lambda *, request_id: cancelled.append(request_id))
+    reply = await reply_channel_get(InMemoryChannelLayer())
+    run = JobRun(reply=reply, request_id="req-never-read", model="m")
+
+    async def body():
+        yield b""
+
+    response = views._JobStreamingResponse(run, body(), content_type="text/event-stream")
+    response.close()  # what Django does when the client left before the first byte
+    assert cancelled == ["req-never-read"] and reply.waiting == 0
+    await asyncio.wait_for(asyncio.shield(reply._task), 5)

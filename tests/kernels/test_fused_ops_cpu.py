@@ -1,0 +1,112 @@
+"""The native CPU fused ops (kernels/csrc/fused_ops.c) against their PyTorch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import fused_ops_cpu as fused
+from kernels.activation import silu_and_mul_ref
+from kernels.kv_store import store_kv_ref
+from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from kernels.rotary import build_cos_sin_cache, rotary_embedding_ref
+
+pytestmark = pytest.mark.skipif(fused.library() is None, reason="no C compiler: the native CPU ops cannot be built")
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def assert_close_to_ref(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    """bf16: a last-bit difference in an intermediate rounding may move the result by up to two units in
+    the last place, and only rarely; float32: 1e-6 relative."""
+    assert ours.dtype == ref.dtype and ours.shape == ref.shape
+    if ref.dtype == torch.float32:
+        torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
+        return
+    diff = (ours.float() - ref.float()).abs()
+    two_ulp = ref.float().abs().clamp_min(1e-30) * 2.0 ** -6
+    assert bool((diff <= two_ulp).all()), f"max diff {diff.max().item()}"
+    assert (ours != ref).float().mean().item() < 0.01
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(1, 576), (7, 64), (64, 576), (3, 1000), (300, 2048)])
+def test_rms_norm_matches_reference(dtype, rows, hidden):
+    g = torch.Generator().manual_seed(rows * hidden)
+    x = torch.randn(rows, hidden, generator=g).to(dtype) * 3
+    residual = torch.randn(rows, hidden, generator=g).to(dtype)
+    weight = torch.randn(hidden, generator=g).to(dtype)
+    assert_close_to_ref(fused.rms_norm_cpu(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5))
+    out, new_res = fused.fused_add_rms_norm_cpu(x, residual, weight, 1e-6)
+    ref_out, ref_res = fused_add_rms_norm_ref(x, residual, weight, 1e-6)
+    assert torch.equal(new_res, ref_res)  # one rounded add: exact
+    assert_close_to_ref(out, ref_out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_strided_rows_and_float32_weight(dtype):
+    wide = torch.randn(5, 1200).to(dtype)
+    x = wide[:, 100:676]  # rows 1200 elements apart
+    weight = torch.rand(576) + 0.5  # float32 weight with a bf16 input: converted like the reference
+    assert_close_to_ref(fused.rms_norm_cpu(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,hq,hkv,dim", [(1, 9, 3, 64), (33, 4, 4, 128), (5, 8, 1, 80), (2, 3, 1, 6)])
+def test_rotary_matches_reference_joint_and_separate(dtype, tokens, hq, hkv, dim):
+    g = torch.Generator().manual_seed(tokens + dim)
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * dim, generator=g).to(dtype)
+    q = qkv[:, : hq * dim].view(tokens, hq, dim)
+    k = qkv[:, hq * dim: (hq + hkv) * dim].view(tokens, hkv, dim)
+    cache = build_cos_sin_cache(dim, 4096, 10000.0)
+    positions = torch.randint(0, 4096, (tokens,), generator=g)
+    for qq, kk in ((q, k), (q.clone(), k.clone().transpose(0, 1).contiguous().transpose(0, 1))):
+        ours, ref = fused.rotary_embedding_cpu(positions, qq, kk, cache), rotary_embedding_ref(positions, qq, kk, cache)
+        assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])  # no FMA: bit-identical
+    assert torch.equal(q, qkv[:, : hq * dim].view(tokens, hq, dim))  # inputs untouched
+
+
+def test_rotary_rejects_positions_outside_the_cache():
+    q, k = torch.randn(2, 2, 8), torch.randn(2, 1, 8)
+    cache = build_cos_sin_cache(8, 16, 10000.0)
+    with pytest.raises(IndexError):
+        fused.rotary_embedding_cpu(torch.tensor([3, 16]), q, k, cache)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (64, 1536), (3, 17), (200, 4096)])
+def test_silu_and_mul_matches_reference(dtype, rows, inter):
+    g = torch.Generator().manual_seed(rows + inter)
+    x = (torch.randn(rows, 2 * inter, generator=g) * 4).to(dtype)
+    assert_close_to_ref(fused.silu_and_mul_cpu(x), silu_and_mul_ref(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_at_the_exp_clamp(dtype):
+    gate = torch.tensor([-200.0, -90.0, -87.5, 88.5, 90.0, 1e4, 0.0, -0.0])
+    x = torch.cat((gate, torch.full_like(gate, 3.0))).view(1, -1).to(dtype)
+    torch.testing.assert_close(fused.silu_and_mul_cpu(x), silu_and_mul_ref(x), rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_store_kv_matches_reference_and_skips_padding(dtype):
+    g = torch.Generator().manual_seed(0)
+    blocks, block_size, hkv, dim, tokens = 6, 4, 3, 8, 7
+    qkv = torch.randn(tokens, 5 * hkv * dim, generator=g).to(dtype)
+    key = qkv[:, : hkv * dim].view(tokens, hkv, dim)  # strided rows, as in the model
+    value = qkv[:, 2 * hkv * dim: 3 * hkv * dim].view(tokens, hkv, dim)
+    slots = torch.tensor([5, 0, -1, 23, 9, -1, 12])
+    caches = [torch.zeros(blocks, block_size, hkv, dim, dtype=dtype) for _ in range(4)]
+    fused.store_kv_cpu(key, value, caches[0], caches[1], slots)
+    store_kv_ref(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    with pytest.raises(IndexError):
+        fused.store_kv_cpu(key, value, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 4, 5, 24]))
+
+
+def test_unsupported_inputs_fall_back_to_the_reference():
+    x = torch.randn(3, 64, dtype=torch.float16)
+    weight = torch.randn(64, dtype=torch.float16)
+    assert torch.equal(fused.rms_norm_cpu(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5))
+    wide = torch.randn(2, 2 * (fused.MAX_HIDDEN + 2))
+    assert torch.equal(fused.silu_and_mul_cpu(wide), silu_and_mul_ref(wide))
