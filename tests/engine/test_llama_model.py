@@ -109,7 +109,7 @@ def test_bfloat16_model_tracks_float32(smollm_fp32, smollm_tokenizer, monkeypatc
     dense_logits = paged.step([("s", [token])])[0]
     assert int(int4_logits.argmax()) == int(dense_logits.argmax())
     # Measured: > 0.999 on an AMX Xeon, 0.9985 on an AVX2-only EPYC, whose int4 and bf16 matmul
-    # kernels round differently; both far from a wrong weight layout (which gives < 0.5).
+    # kernels round differently.
     assert torch.nn.functional.cosine_similarity(int4_logits, dense_logits, dim=0) > 0.997
 
 
