@@ -28,7 +28,7 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _i64, _f32, _int, _p = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
     "rms_norm_rows": [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _int, _int],
-    "rotary_rows": [_p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _int, _int],
+    "rotary_rows": [_p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _int, _int],
     "silu_and_mul_rows": [_p, _p, _i64, _i64, _i64, _i64, _int, _int],
     "store_kv_rows": [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64],
 }
@@ -38,7 +38,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
-    lib.store_kv_rows.restype = _i64
+    lib.store_kv_rows.restype = lib.rotary_rows.restype = _i64
     return lib
 
 
@@ -92,8 +92,12 @@ def fused_add_rms_norm_cpu(x: torch.Tensor, residual: torch.Tensor, weight: torc
 def _rotate(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     tokens, heads, dim = x.shape
     out = torch.empty((tokens, heads, dim), dtype=x.dtype)
-    library().rotary_rows(x.data_ptr(), out.data_ptr(), positions.data_ptr(), cos_sin.data_ptr(),
-                          tokens, heads, dim, x.stride(0), x.stride(1), _DTYPES[x.dtype], torch.get_num_threads())
+    bad = library().rotary_rows(x.data_ptr(), out.data_ptr(), positions.data_ptr(), cos_sin.data_ptr(), tokens,
+                                heads, dim, x.stride(0), x.stride(1), cos_sin.shape[0], _DTYPES[x.dtype],
+                                torch.get_num_threads())
+    if bad:
+        raise IndexError(f"rotary position {int(positions[bad - 1])} is outside the cos/sin cache "
+                         f"of {cos_sin.shape[0]} positions")
     return out
 
 
@@ -107,8 +111,6 @@ def rotary_embedding_cpu(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
           and cos_sin_cache.shape[-1] == dim and positions.shape[0] == q.shape[0] == k.shape[0])
     if not ok:
         return rotary_embedding_ref(positions, q, k, cos_sin_cache)
-    if positions.numel() and int(positions.max()) >= cos_sin_cache.shape[0] or positions.numel() and int(positions.min()) < 0:
-        raise IndexError("rotary position out of range of the cos/sin cache")
     joint = _joint_heads(q, k)
     if joint is not None:
         out = _rotate(joint, positions, cos_sin_cache)

@@ -97,10 +97,13 @@ void rms_norm_rows(const void *x, const void *res, const void *weight, void *out
 }
 
 /* x: [T, H, D] with row stride sx and head stride sh (inner dim contiguous);
- * out: contiguous [T, H, D]; cos_sin: float32 [max_pos, D] (cos half, sin half). */
-void rotary_rows(const void *x, void *out, const int64_t *positions, const float *cos_sin,
-                 int64_t tokens, int64_t heads, int64_t head_dim, int64_t sx, int64_t sh,
-                 int dtype, int num_threads) {
+ * out: contiguous [T, H, D]; cos_sin: float32 [max_pos, D] (cos half, sin half).
+ * Returns 0, or 1 + the index of the first position outside [0, max_pos). */
+int64_t rotary_rows(const void *x, void *out, const int64_t *positions, const float *cos_sin,
+                    int64_t tokens, int64_t heads, int64_t head_dim, int64_t sx, int64_t sh,
+                    int64_t max_pos, int dtype, int num_threads) {
+    for (int64_t t = 0; t < tokens; t++)
+        if (positions[t] < 0 || positions[t] >= max_pos) return t + 1; /* nothing written */
     int64_t half = head_dim / 2;
     int threads = tokens * heads * head_dim >= 65536 ? num_threads : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -120,6 +123,7 @@ void rotary_rows(const void *x, void *out, const int64_t *positions, const float
             store_row(out, (t * heads + h) * head_dim, head_dim, dtype, o);
         }
     }
+    return 0;
 }
 
 /* exp(x) for float32, vectorisable: n = round(x / ln 2), r = x - n ln 2 (two

@@ -69,8 +69,12 @@ def test_rotary_matches_reference_joint_and_separate(dtype, tokens, hq, hkv, dim
 def test_rotary_rejects_positions_outside_the_cache():
     q, k = torch.randn(2, 2, 8), torch.randn(2, 1, 8)
     cache = build_cos_sin_cache(8, 16, 10000.0)
-    with pytest.raises(IndexError):
-        fused.rotary_embedding_cpu(torch.tensor([3, 16]), q, k, cache)
+    for bad in ([3, 16], [-1, 0]):
+        with pytest.raises(IndexError, match="outside the cos/sin cache"):
+            fused.rotary_embedding_cpu(torch.tensor(bad), q, k, cache)
+    qkv = torch.randn(2, 4 * 8, dtype=torch.bfloat16)  # the joint (fused qkv) path checks too
+    with pytest.raises(IndexError, match="outside the cos/sin cache"):
+        fused.rotary_embedding_cpu(torch.tensor([0, 99]), qkv[:, :16].view(2, 2, 8), qkv[:, 16:24].view(2, 1, 8), cache)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
