@@ -8,6 +8,10 @@ greedy argmax, or temperature -> top_k -> top_p -> min_p -> one draw.
 A draw uses inverse-CDF sampling with ONE uniform number per row. Seeded
 requests take it from their own torch.Generator, so a seed reproduces the same
 tokens whatever else shares the batch; the rest share the engine's generator.
+
+Everything runs on the logits' device (on a GPU the logits never leave it);
+the uniforms are drawn on the CPU, so a seed gives the same numbers on every
+device, and only the chosen token ids (and requested logprobs) come back.
 """
 
 from __future__ import annotations
@@ -28,6 +32,16 @@ class SampledLogprobs:
 
 
 @dataclass(slots=True)
+class PendingSample:
+    """Tokens chosen on the device, not yet read back (``Sampler.finish`` reads them)."""
+
+    tokens: torch.Tensor
+    raw_lp: torch.Tensor | None
+    lp_rows: list[int]
+    seqs: list[Sequence]
+
+
+@dataclass(slots=True)
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[SampledLogprobs | None] | None  # per row; None when no row asked
@@ -38,45 +52,58 @@ class Sampler:
         self.eos_token_id = eos_token_id
         self.generator = torch.Generator().manual_seed(seed)
 
-    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        return self.finish(self.launch(logits, seqs))
+
+    @torch.inference_mode()
+    def finish(self, pending: PendingSample) -> SamplerOutput:
+        """Read the chosen tokens back (on a GPU: waits for the step's work)."""
+        tokens, rows = pending.tokens, pending.lp_rows
+        logprobs = _gather_logprobs(pending.raw_lp, rows, pending.seqs, tokens) if rows else None
+        return SamplerOutput(tokens.tolist(), logprobs)
+
+    @torch.inference_mode()
+    def launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+        """Queue the sampling work on the logits' device; greedy batches need no host sync."""
         logits = logits.float()
+        dev = logits.device
         lp_rows = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
-        raw_lp = torch.log_softmax(logits[torch.tensor(lp_rows)], dim=-1) if lp_rows else None
+        raw_lp = torch.log_softmax(logits[torch.tensor(lp_rows, device=dev)], dim=-1) if lp_rows else None
         self._process(logits, seqs)
         greedy = [s.sampling.greedy for s in seqs]
         if all(greedy):
             tokens = logits.max(dim=-1).indices  # first maximum, like argmax, but ~3x faster on CPU
         else:
-            tokens = torch.empty(len(seqs), dtype=torch.long)
+            tokens = torch.empty(len(seqs), dtype=torch.long, device=dev)
             g_rows = [i for i, g in enumerate(greedy) if g]
             r_rows = [i for i, g in enumerate(greedy) if not g]
             if g_rows:
-                idx = torch.tensor(g_rows)
+                idx = torch.tensor(g_rows, device=dev)
                 tokens[idx] = logits[idx].max(dim=-1).indices
-            idx = torch.tensor(r_rows)
+            idx = torch.tensor(r_rows, device=dev)
             tokens[idx] = self._sample(logits[idx], [seqs[i] for i in r_rows])
-        logprobs = _gather_logprobs(raw_lp, lp_rows, seqs, tokens) if lp_rows else None
-        return SamplerOutput(tokens.tolist(), logprobs)
+        return PendingSample(tokens, raw_lp, lp_rows, seqs)
 
     def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         pen_rows = [i for i, s in enumerate(seqs) if s.sampling.has_penalties]
         if pen_rows:
             apply_penalties(logits, pen_rows, seqs)
+        dev = logits.device
         for i, s in enumerate(seqs):
             sp = s.sampling
             if sp.logit_bias:
-                ids = torch.tensor(list(sp.logit_bias.keys()))
-                logits[i, ids] += torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype)
+                ids = torch.tensor(list(sp.logit_bias.keys()), device=dev)
+                logits[i, ids] += torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype, device=dev)
             if s.num_output_tokens < sp.min_tokens:
                 banned = list(sp.stop_token_ids)
                 if self.eos_token_id is not None and not sp.ignore_eos:
                     banned.append(self.eos_token_id)
                 if banned:
-                    logits[i, torch.tensor(banned)] = -float("inf")
+                    logits[i, torch.tensor(banned, device=dev)] = -float("inf")
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        temps = torch.tensor([s.sampling.temperature for s in seqs], dtype=logits.dtype)
+        dev = logits.device
+        temps = _to_device(torch.tensor([s.sampling.temperature for s in seqs], dtype=logits.dtype), dev)
         logits.div_(temps[:, None])
         top_ks = [s.sampling.top_k for s in seqs]
         top_ps = [s.sampling.top_p for s in seqs]
@@ -85,11 +112,12 @@ class Sampler:
             apply_top_k_top_p(logits, top_ks, top_ps)
         probs = logits.softmax(dim=-1)
         if any(m > 0.0 for m in min_ps):
-            m = torch.tensor(min_ps, dtype=probs.dtype)[:, None]
+            m = torch.tensor(min_ps, dtype=probs.dtype, device=dev)[:, None]
             probs = probs.masked_fill(probs < m * probs.amax(dim=-1, keepdim=True), 0.0)
-        return inverse_cdf_draw(probs, self._uniforms(seqs))
+        return inverse_cdf_draw(probs, _to_device(self._uniforms(seqs), dev))
 
     def _uniforms(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One uniform per row, drawn on the CPU: a seed gives the same numbers on every device."""
         u = torch.rand(len(seqs), generator=self.generator, dtype=torch.float64)
         for i, s in enumerate(seqs):
             if s.generator is not None:
@@ -97,8 +125,15 @@ class Sampler:
         return u
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU tensor onto ``device`` without a host sync (pinned, asynchronous) on CUDA."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _gather_logprobs(raw_lp, rows, seqs, tokens) -> list[SampledLogprobs | None]:
-    idx = torch.tensor(rows)
+    idx = torch.tensor(rows, device=raw_lp.device)
     chosen = raw_lp.gather(1, tokens[idx][:, None]).squeeze(1).tolist()
     k = max(seqs[i].sampling.logprobs for i in rows)
     top_v = top_i = None
@@ -115,28 +150,28 @@ def _gather_logprobs(raw_lp, rows, seqs, tokens) -> list[SampledLogprobs | None]
 def apply_penalties(logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> None:
     """OpenAI presence/frequency penalties over generated tokens; HF-style repetition
     penalty over prompt and generated tokens. In place on `logits[rows]`."""
-    vocab = logits.shape[1]
+    vocab, dev = logits.shape[1], logits.device
     sub_seqs = [seqs[i] for i in rows]
-    idx = torch.tensor(rows)
+    idx = torch.tensor(rows, device=dev)
     sub = logits[idx]
-    counts = _token_counts([s.output_token_ids for s in sub_seqs], vocab)
-    freq = torch.tensor([s.sampling.frequency_penalty for s in sub_seqs])[:, None]
-    pres = torch.tensor([s.sampling.presence_penalty for s in sub_seqs])[:, None]
+    counts = _token_counts([s.output_token_ids for s in sub_seqs], vocab, dev)
+    freq = torch.tensor([s.sampling.frequency_penalty for s in sub_seqs], device=dev)[:, None]
+    pres = torch.tensor([s.sampling.presence_penalty for s in sub_seqs], device=dev)[:, None]
     sub -= counts * freq + (counts > 0).float() * pres
     reps = [s.sampling.repetition_penalty for s in sub_seqs]
     if any(r != 1.0 for r in reps):
-        seen = (counts > 0) | (_token_counts([s.prompt_token_ids for s in sub_seqs], vocab) > 0)
-        rep = torch.tensor(reps)[:, None].expand_as(sub)
+        seen = (counts > 0) | (_token_counts([s.prompt_token_ids for s in sub_seqs], vocab, dev) > 0)
+        rep = torch.tensor(reps, device=dev)[:, None].expand_as(sub)
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
     logits[idx] = sub
 
 
-def _token_counts(lists: list[list[int]], vocab: int) -> torch.Tensor:
+def _token_counts(lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
     width = max((len(t) for t in lists), default=0)
-    counts = torch.zeros(len(lists), vocab + 1)
+    counts = torch.zeros(len(lists), vocab + 1, device=device)
     if width:
-        padded = torch.tensor([t + [vocab] * (width - len(t)) for t in lists], dtype=torch.long)
-        counts.scatter_add_(1, padded, torch.ones(padded.shape))
+        padded = torch.tensor([t + [vocab] * (width - len(t)) for t in lists], dtype=torch.long, device=device)
+        counts.scatter_add_(1, padded, torch.ones(padded.shape, device=device))
     return counts[:, :vocab]
 
 
@@ -147,14 +182,14 @@ def apply_top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[floa
     Only the best `C` tokens per row are examined (C = the largest k, at least 64 when
     some row uses top_p); a top_p row whose C best tokens do not reach p is sorted whole.
     """
-    vocab = logits.shape[1]
-    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks])
-    ps = torch.tensor(top_ps, dtype=logits.dtype)
+    vocab, dev = logits.shape[1], logits.device
+    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=dev)
+    ps = torch.tensor(top_ps, dtype=logits.dtype, device=dev)
     has_k, has_p = ks < vocab, ps < 1.0
-    widths = [k for k in top_ks if 0 < k < vocab] + ([_NUCLEUS_CANDIDATES] if bool(has_p.any()) else [])
-    width = min(vocab, max(widths))
+    nucleus = [_NUCLEUS_CANDIDATES] if any(p < 1.0 for p in top_ps) else []
+    width = min(vocab, max([k for k in top_ks if 0 < k < vocab] + nucleus))
     values, indices = logits.topk(width, dim=-1)
-    in_k = torch.arange(width)[None, :] < ks[:, None]
+    in_k = torch.arange(width, device=dev)[None, :] < ks[:, None]
     kept_vals = values.masked_fill(~in_k, -float("inf"))
     lse = torch.where(
         has_k[:, None],
@@ -170,7 +205,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[floa
     active = (has_k | has_p) & ~needs_sort
     if bool(active.any()):
         rows = active.nonzero().squeeze(1)
-        filtered = torch.full((len(rows), vocab), -float("inf"), dtype=logits.dtype)
+        filtered = torch.full((len(rows), vocab), -float("inf"), dtype=logits.dtype, device=dev)
         filtered.scatter_(1, indices[rows], torch.where(keep[rows], values[rows], -float("inf")))
         logits[rows] = filtered
     for i in needs_sort.nonzero().squeeze(1).tolist():

@@ -203,3 +203,35 @@ def test_stop_checker_tokens_and_lengths():
     assert sc.check_length(5, 7) and sc.check_length(1, 10) and not sc.check_length(4, 9)
     ign = StopChecker(SamplingParams(ignore_eos=True), eos_token_id=0, max_tokens=5, max_model_len=10)
     assert ign.check_token(0, 1) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the sampler runs on the logits' device")
+def test_sampler_on_cuda_matches_the_cpu():
+    """One batch mixing every option, sampled from the same logits on the CPU and on the GPU (where the
+    engine samples without copying logits back): the same tokens for the same seeds, the same logprobs."""
+    vocab = 4096
+
+    def batch():
+        params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=11),
+                  SamplingParams(temperature=1.0, top_k=20, seed=12), SamplingParams(temperature=0.9, top_p=0.8, seed=13),
+                  SamplingParams(temperature=1.0, min_p=0.05, seed=14),
+                  SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=15, logprobs=3),
+                  SamplingParams(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.3),
+                  SamplingParams(temperature=0.0, logit_bias={7: 60.0}, logprobs=5),
+                  SamplingParams(temperature=1.0, min_tokens=4, stop_token_ids=[3], seed=16)]
+        return [seq(sp, prompt=(5, 6, 7), outputs=(8, 8, 9)) for sp in params]
+
+    g = torch.Generator().manual_seed(7)
+    for step in range(5):
+        logits = torch.randn(9, vocab, generator=g) * 4
+        logits[:, 0] += 5.0  # eos, masked for the min_tokens row
+        logits[3] *= 0.002  # a nearly flat top_p row: its 64 best tokens miss p, so it is sorted whole
+        cpu = Sampler(eos_token_id=0, seed=step)(logits.clone(), batch())
+        gpu = Sampler(eos_token_id=0, seed=step)(logits.clone().cuda(), batch())
+        assert gpu.token_ids == cpu.token_ids
+        for a, b in zip(cpu.logprobs, gpu.logprobs):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert b.logprob == pytest.approx(a.logprob, abs=1e-4)
+                assert [t for t, _ in b.top] == [t for t, _ in a.top]
