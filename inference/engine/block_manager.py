@@ -152,6 +152,8 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_new_tokens: int, prefix_blocks: list[int] = ()) -> bool:
         """Give `seq` room for `num_new_tokens` more tokens, first adopting `prefix_blocks`
         (a prefix hit, only for a sequence holding no blocks). All or nothing."""
+        if not prefix_blocks and seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size:
+            return True  # fits the blocks it holds (most decode steps)
         if prefix_blocks and seq.block_table:
             raise ValueError("prefix blocks are only adopted by a sequence without blocks")
         needed, taken_free = self._needs(seq, num_new_tokens, prefix_blocks)

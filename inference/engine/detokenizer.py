@@ -15,11 +15,15 @@ _REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    __slots__ = ("tokenizer", "skip_special_tokens", "token_ids", "prefix_offset", "read_offset", "emitted_len")
+    __slots__ = ("tokenizer", "skip_special_tokens", "token_ids", "prefix_offset", "read_offset", "emitted_len",
+                 "_decode_ids")
 
     def __init__(self, tokenizer, *, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # the `tokenizers` object itself when there is one: add() runs for every token of every request
+        backend = getattr(tokenizer, "backend", None)
+        self._decode_ids = backend.decode if backend is not None else tokenizer.decode
         self.token_ids: list[int] = []
         self.prefix_offset = 0  # start of the decode window
         self.read_offset = 0  # tokens before this are already emitted
@@ -30,10 +34,11 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Append one token; return the newly completed text (possibly empty)."""
-        self.token_ids.append(token_id)
-        window = self.token_ids[self.prefix_offset:]
-        prefix_text = self._decode(window[: self.read_offset - self.prefix_offset])
-        new_text = self._decode(window)
+        ids = self.token_ids
+        ids.append(token_id)
+        start, read, skip = self.prefix_offset, self.read_offset, self.skip_special_tokens
+        prefix_text = self._decode_ids(ids[start:read], skip_special_tokens=skip) if read > start else ""
+        new_text = self._decode_ids(ids[start:], skip_special_tokens=skip)
         if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT):
             return ""
         delta = new_text[len(prefix_text):]

@@ -1,12 +1,16 @@
 """Turns a scheduled batch into model inputs, runs the model, returns logits.
 
-Inputs are built with plain Python lists and converted with one
-`torch.tensor` call each (no per-token tensor ops, no `.item()`). Logits are
-computed only for the rows that sample this step: the last new token of each
-sequence whose scheduled tokens reach the end of what it knows.
+Inputs are built with plain Python lists, packed into two flat C arrays (one
+int64: token ids, positions, slots; one int32: query starts, lengths, block
+tables) and moved to the device in two copies, the per-step tensors being
+views of them (no per-token tensor ops, no `.item()`). Logits are computed only
+for the rows that sample this step: the last new token of each sequence whose
+scheduled tokens reach the end of what it knows.
 """
 
 from __future__ import annotations
+
+from array import array
 
 import torch
 
@@ -30,6 +34,8 @@ class ModelRunner:
             self.graph_runner = DecodeGraphRunner(
                 model, self.kv_caches, max_batch_size=max_num_seqs,
                 max_blocks_per_seq=-(-max_model_len // block_size), device=device, capture=True)
+            # every ladder size now, as vLLM does: no capture stalls a request in flight later
+            self.graph_runner.capture_all()
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
         """-> (input_ids, positions, meta, sample_rows, sampling_seqs)."""
@@ -41,7 +47,7 @@ class ModelRunner:
         seq_lens: list[int] = []
         sample_rows: list[int] = []
         sampling: list[Sequence] = []
-        tables = []
+        tables: list[array] = []
         for seq, n in zip(seqs, num_new_tokens):
             start = seq.num_computed_tokens
             end = start + n
@@ -61,30 +67,40 @@ class ModelRunner:
                     pos = upto
             starts.append(starts[-1] + n)
             seq_lens.append(end)
-            tables.append(table)
-            if end == seq.num_tokens:
+            tables.append(_table_array(seq))
+            if end == len(seq.token_ids):
                 sample_rows.append(starts[-1] - 1)
                 sampling.append(seq)
+        num_seqs, num_tokens = len(seqs), len(input_ids)
         width = max(len(t) for t in tables)
-        block_tables = [t + [0] * (width - len(t)) for t in tables]
+        longs = array("q", input_ids)
+        longs.extend(positions)
+        longs.extend(slots)
+        ints = array("i", starts)
+        ints.extend(seq_lens)
+        table_at = len(ints)
+        zeros = bytes(4 * width)
+        for table in tables:  # each row zero-padded to the widest
+            ints.extend(table)
+            ints.frombytes(zeros[4 * len(table):])
+        longs_t = torch.frombuffer(longs, dtype=torch.int64).to(self.device)
+        ints_t = torch.frombuffer(ints, dtype=torch.int32).to(self.device)
         max_query_len = max(num_new_tokens)
-        dev = self.device
         meta = AttentionMetadata(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(block_tables, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            query_start_loc=ints_t[:num_seqs + 1],
+            seq_lens=ints_t[num_seqs + 1:table_at],
+            block_tables=ints_t[table_at:].view(num_seqs, width),
+            slot_mapping=longs_t[2 * num_tokens:],
             max_query_len=max_query_len,
             max_seq_len=max(seq_lens),
             decode_only=max_query_len == 1,
         )
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        return ids, pos, meta, sample_rows, sampling
+        return longs_t[:num_tokens], longs_t[num_tokens:2 * num_tokens], meta, sample_rows, sampling
 
     @torch.inference_mode()
     def run(self, ids, pos, meta, sample_rows, sampling) -> tuple[list[Sequence], torch.Tensor | None]:
-        """Run one step on inputs from prepare(); return the sequences that sample and their float32 logits [N, V] (on CPU)."""
+        """Run one step on inputs from prepare(); return the sequences that sample and their float32 logits [N, V]
+        on the model's device (the sampler runs there)."""
         hidden = self.graph_runner.run(ids, pos, meta) if self.graph_runner is not None else None
         if hidden is None:  # not decode-only, too big or too wide for the graphs: eager
             hidden = self.model(ids, pos, meta, self.kv_caches)
@@ -93,4 +109,16 @@ class ModelRunner:
         if len(sample_rows) != hidden.shape[0]:
             hidden = hidden[torch.tensor(sample_rows, device=self.device)]
         logits = self.model.compute_logits(hidden)
-        return sampling, logits.cpu() if logits.device.type != "cpu" else logits
+        return sampling, logits
+
+
+def _table_array(seq: Sequence) -> array:
+    """``seq.block_table`` as an int32 array, kept in step across steps: the block manager only appends
+    to a table or replaces it with a new list (free), so extending the copy by the new tail suffices."""
+    table, copy = seq.block_table, seq.table_array
+    if copy is None or seq.table_array_of is not table or len(copy) > len(table):
+        copy = seq.table_array = array("i", table)
+        seq.table_array_of = table
+    elif len(copy) < len(table):
+        copy.extend(table[len(copy):])
+    return copy

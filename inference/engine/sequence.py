@@ -28,7 +28,7 @@ class Sequence:
         "arrival_time", "cache_salt", "status", "num_computed_tokens", "block_table", "block_hashes",
         "num_registered_blocks", "cached_tokens", "admitted", "num_preemptions", "first_scheduled_time", "first_token_time",
         "finish_time", "finish_reason", "stop_reason", "generator", "max_tokens", "detok", "stopper",
-        "counts", "order",
+        "counts", "order", "table_array", "table_array_of",
     )
 
     def __init__(
@@ -53,7 +53,9 @@ class Sequence:
         self.cache_salt = cache_salt or ""
         self.status = SeqStatus.WAITING
         self.num_computed_tokens = 0
-        self.block_table: list[int] = []
+        self.block_table: list[int] = []  # only ever appended to, or replaced by a new list (see table_array)
+        self.table_array = None  # the model runner's int32 copy of block_table (array), kept in step by appends
+        self.table_array_of = None  # the block_table list that table_array copies
         self.block_hashes: list[int] = []  # chain hashes of this sequence's full blocks, in order
         self.num_registered_blocks = 0  # leading blocks of block_table already offered to the prefix cache
         self.cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
