@@ -26,9 +26,13 @@ class EngineConfig:
     priority_aging_s: float | None = 30.0
     seed: int = 0  # seeds the generator of requests without their own seed
     num_threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
-    # CUDA: replay decode-only steps as CUDA graphs at a ladder of batch sizes; False runs
-    # them eagerly (debugging). Ignored on the CPU.
+    # CUDA: replay decode-only steps as CUDA graphs at a ladder of batch sizes, all captured
+    # at start-up; False runs them eagerly (debugging). Ignored on the CPU.
     cuda_graphs: bool = True
+    # Deferred outputs: a step's text deltas, stop-string checks and RequestOutputs are built
+    # while the GPU runs the next step (returned by the next step() call, one step later).
+    # None: on for CUDA, off for the CPU (where nothing would overlap).
+    async_output: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -8,6 +8,14 @@
 One `step()` schedules a batch (scheduler + block manager), runs the model on
 it (model runner), samples the rows that are due (sampler) and turns the new
 tokens into text deltas and stop decisions (detokenizer + stop checker).
+
+With `async_output` (the default on CUDA) the host work that the next step does
+not need is deferred so that it overlaps the GPU: a step appends its tokens and
+decides stop tokens and length limits at once, then builds their text deltas,
+stop-string matches and RequestOutputs while the GPU runs the next step, whose
+`step()` call returns them. A stop string found that late finishes its request
+one step after its token; the token computed meanwhile for it is dropped (never
+emitted, never counted). Outputs are the same as without it, one step later.
 Not thread-safe: one thread drives an engine.
 """
 
@@ -74,6 +82,10 @@ class Engine:
         self.sampler = Sampler(eos_token_id=self.eos_token_id, seed=config.seed)
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
         self._pending: list[RequestOutput] = []  # abort notices for the next step()
+        # async_output: (seq, token, sampled logprobs, output count, stopped by a stop token) awaiting their outputs
+        self._deferred: list[tuple] = []
+        self.async_output = (config.async_output if config.async_output is not None
+                             else self.device.type == "cuda")
         self._ids = itertools.count()
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
         self.counters = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0}
@@ -119,7 +131,7 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._deferred)
 
     # ---- one iteration ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -129,23 +141,43 @@ class Engine:
         t1 = time.perf_counter()
         self.timers["schedule_s"] += t1 - t0
         if not batch:
+            if self._deferred:
+                outputs += self._emit_deferred()
+                self.timers["output_s"] += time.perf_counter() - t1
             return outputs
         inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens)
         t1b = time.perf_counter()
         seqs, logits = self.runner.run(*inputs)
         t2 = time.perf_counter()
         self.scheduler.postprocess(batch)
-        sampled = self.sampler(logits, seqs) if seqs else None
-        t3 = time.perf_counter()
-        now = time.time()
-        for i, seq in enumerate(seqs):
-            lp = sampled.logprobs[i] if sampled.logprobs is not None else None
-            outputs.append(self._process_token(seq, sampled.token_ids[i], lp, now))
-        t4 = time.perf_counter()
+        if self.async_output:
+            pending = self.sampler.launch(logits, seqs) if seqs else None
+            t2b = time.perf_counter()
+            outputs += self._emit_deferred()  # the previous step's outputs, while the GPU works
+            t2c = time.perf_counter()
+            sampled = self.sampler.finish(pending) if pending is not None else None
+            t3 = time.perf_counter()
+            now = time.time()
+            for i, seq in enumerate(seqs):
+                if seq.is_finished:  # a late stop string or an abort: this token is dropped
+                    continue
+                lp = sampled.logprobs[i] if sampled.logprobs is not None else None
+                self._deferred.append(self._take_token(seq, sampled.token_ids[i], lp, now))
+            t4 = time.perf_counter()
+            self.timers["sample_s"] += (t2b - t2) + (t3 - t2c)
+            self.timers["output_s"] += (t2c - t2b) + (t4 - t3)
+        else:
+            sampled = self.sampler(logits, seqs) if seqs else None
+            t3 = time.perf_counter()
+            now = time.time()
+            for i, seq in enumerate(seqs):
+                lp = sampled.logprobs[i] if sampled.logprobs is not None else None
+                outputs.append(self._process_token(seq, sampled.token_ids[i], lp, now))
+            t4 = time.perf_counter()
+            self.timers["sample_s"] += t3 - t2
+            self.timers["output_s"] += t4 - t3
         self.timers["prepare_s"] += t1b - t1
         self.timers["model_s"] += t2 - t1b
-        self.timers["sample_s"] += t3 - t2
-        self.timers["output_s"] += t4 - t3
         n_prompt = batch.num_tokens - len(seqs)
         self.counters["steps"] += 1
         self.counters["prompt_tokens"] += n_prompt
@@ -155,37 +187,64 @@ class Engine:
             self._recent.popleft()
         return outputs
 
+    # ---- a sampled token, in two halves: what the next schedule needs, then its output -----------
+    # Synchronous engines run both at once; with async_output the second half of a step's tokens
+    # runs during the next step.
     def _process_token(self, seq: Sequence, token: int, lp, now: float) -> RequestOutput:
+        return self._emit(self._take_token(seq, token, lp, now), now)
+
+    def _take_token(self, seq: Sequence, token: int, lp, now: float) -> tuple:
+        """Append the token and decide stop tokens and length limits (finishing the request at once)."""
         seq.append_token(token)
         if seq.first_token_time is None:
             seq.first_token_time = now
-        n_out = seq.num_output_tokens
+        n_out = len(seq.output_token_ids)
         stopper = seq.stopper
-        reason, text, stop_hit = None, "", None
         stop = stopper.check_token(token, n_out)
         if stop is not None:
             reason, seq.stop_reason = stop
-        else:
-            text, stop_hit = stopper.feed(seq.detok.add(token), n_out)
-            if stop_hit is not None:
-                reason, seq.stop_reason = "stop", stop_hit
-            elif stopper.check_length(n_out, seq.num_tokens):
-                reason = "length"
-        if reason is not None and stop_hit is None:  # flush what the detokenizer and stop checker hold
+            self.scheduler.finish(seq, reason)
+        elif stopper.check_length(n_out, len(seq.token_ids)):
+            self.scheduler.finish(seq, "length")
+        return seq, token, lp, n_out, stop is not None
+
+    def _emit_deferred(self) -> list[RequestOutput]:
+        """The previous step's outputs (async_output)."""
+        deferred, self._deferred = self._deferred, []
+        now = time.time()
+        outputs = []
+        for taken in deferred:
+            if taken[0].finish_reason != "abort":  # aborted since: its abort notice is the last word
+                outputs.append(self._emit(taken, now))
+        return outputs
+
+    def _emit(self, taken: tuple, now: float) -> RequestOutput:
+        """Text delta and stop strings of a taken token, and its RequestOutput. A stop string in the
+        text wins over a length limit reached by the same token."""
+        seq, token, lp, n_out, stopped_by_token = taken
+        stopper = seq.stopper
+        text, hit = "", None
+        if not stopped_by_token:
+            text, hit = stopper.feed(seq.detok.add(token), n_out)
+            if hit is not None:
+                seq.stop_reason = hit
+                if seq.is_finished:
+                    seq.finish_reason = "stop"
+                else:
+                    self.scheduler.finish(seq, "stop")
+        if seq.is_finished and hit is None:  # flush what the detokenizer and stop checker hold
             tail, hit = stopper.feed(seq.detok.finish(), n_out)
             text += tail
             if hit is not None:
-                reason, seq.stop_reason = "stop", hit
+                seq.finish_reason, seq.stop_reason = "stop", hit
             else:
                 text += stopper.flush()
         logprobs = [self.logprob_formatter.format(token, lp)] if lp is not None else None
-        if reason is not None:
-            self.scheduler.finish(seq, reason)
-        return self._output(seq, [token], text, logprobs)
+        return self._output(seq, [token], text, logprobs, now)
 
-    def _output(self, seq: Sequence, tokens: list[int], text: str, logprobs) -> RequestOutput:
+    def _output(self, seq: Sequence, tokens: list[int], text: str, logprobs, now: float | None = None) -> RequestOutput:
         arrival = seq.arrival_time
-        end = seq.finish_time if seq.finish_time is not None else time.time()
+        end = seq.finish_time if seq.finish_time is not None else (time.time() if now is None else now)
         timing = Timing(
             queued_s=None if seq.first_scheduled_time is None else seq.first_scheduled_time - arrival,
             ttft_s=None if seq.first_token_time is None else seq.first_token_time - arrival,
