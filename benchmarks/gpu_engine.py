@@ -9,8 +9,11 @@ For each shape it writes a random-weight checkpoint (transformers
 LlamaForCausalLM, safetensors, plus a word-level tokenizer.json so the engine
 can detokenize), then:
   1. checks the engine's greedy tokens against transformers' greedy generate on
-     the same weights (float32, and bfloat16 reported as a match rate);
-  2. times engine decode steps at batch 1, 16, 64, 256 with 1k-token contexts;
+     the same weights (float32 must match; bfloat16, engine and transformers
+     alike, reported as agreement with transformers float32);
+  2. times engine decode steps at batch 1, 16, 64, 256 with 1k-token contexts
+     (whole steps, their host-side phases, and the decode forward's CUDA-graph
+     replay alone);
   3. measures output tok/s for 256 requests of 512 prompt / 256 output tokens,
      and the same workload through transformers ``generate``;
   4. computes each decode step's memory roofline: (weight bytes + KV bytes
@@ -121,13 +124,16 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * n * 4 / (ms / 1e3) / 1e9
 
 
+ASYNC_OUTPUT: bool | None = None  # --sync-output sets False (EngineConfig's default: on for CUDA)
+
+
 def make_engine(path: Path, device: torch.device, dtype: str, max_seqs: int, kv_mb: int, max_len: int):
     from inference.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(
         model=str(path), device=str(device), dtype=dtype, kv_cache_mb=kv_mb, block_size=16,
         max_num_seqs=max_seqs, max_num_batched_tokens=max(8192, max_seqs), enable_prefix_caching=False,
-        max_model_len=max_len,
+        max_model_len=max_len, async_output=ASYNC_OUTPUT,
     ))
 
 
@@ -137,35 +143,50 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
 
 
 def check_greedy(path: Path, shape: Shape, device: torch.device, work: Workload) -> dict:
-    """Engine greedy tokens vs transformers greedy generate on the same weights."""
+    """Engine greedy tokens vs transformers greedy generate on the same weights.
+
+    float32: the engine must match transformers float32 token for token. bfloat16: both are compared
+    with transformers float32 (tokens before the first divergence), so transformers' own bf16 drift on
+    these random weights is the yardstick for the engine's."""
     from transformers import LlamaForCausalLM
 
     from inference.engine import SamplingParams
 
     prompts = [p[: 7 + 13 * i] for i, p in enumerate(random_prompts(work.check_prompts, 200, shape.vocab, 1))]
-    result = {}
-    for dtype in ("float32", "bfloat16"):
+
+    def hf_greedy(dtype: str) -> list[list[int]]:
         hf = LlamaForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
-        expected = []
+        out_tokens = []
         with torch.no_grad():
             for prompt in prompts:
                 ids = torch.tensor([prompt], device=device)
                 out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=work.check_tokens,
                                   min_new_tokens=work.check_tokens, do_sample=False, eos_token_id=None,
                                   pad_token_id=0)
-                expected.append(out[0, len(prompt):].tolist())
+                out_tokens.append(out[0, len(prompt):].tolist())
         del hf
+        return out_tokens
+
+    def engine_greedy(dtype: str) -> list[list[int]]:
         engine = make_engine(path, device, dtype, 16, 256, 1024)
         sampling = SamplingParams(max_tokens=work.check_tokens, temperature=0.0, ignore_eos=True)
         got = [o.new_token_ids for o in engine.generate(prompts, sampling)]
         del engine
-        same = sum(a == b for a, b in zip(got, expected))
-        agree = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(got, expected)]
-        result[dtype] = {"identical_sequences": same, "of": len(prompts),
-                         "mean_tokens_before_divergence": statistics.mean(agree)}
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return result
+        return got
+
+    def agreement(got: list[list[int]], ref: list[list[int]]) -> dict:
+        agree = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(got, ref)]
+        return {"identical_sequences": sum(a == b for a, b in zip(got, ref)), "of": len(prompts),
+                "mean_tokens_before_divergence": statistics.mean(agree)}
+
+    reference = hf_greedy("float32")
+    return {
+        "float32": agreement(engine_greedy("float32"), reference),
+        "bfloat16": agreement(engine_greedy("bfloat16"), reference),
+        "transformers_bfloat16": agreement(hf_greedy("bfloat16"), reference),
+    }
 
 
 def decode_step_times(path: Path, shape: Shape, device: torch.device, dtype: str, work: Workload,
@@ -180,16 +201,21 @@ def decode_step_times(path: Path, shape: Shape, device: torch.device, dtype: str
     kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * esize
     rows = []
     for batch in work.batches:
-        max_len = work.context + work.timed_steps + 8
+        # sequences prefilled in the first steps keep decoding while the rest prefill: room for those tokens
+        prefill_steps = -(-batch * work.context // max(8192, batch)) + 1
+        new_tokens = prefill_steps + work.timed_steps + 4
+        max_len = work.context + new_tokens + 8
         kv_mb = int(batch * (max_len + 16) * kv_per_token / 2**20) + 64
         engine = make_engine(path, device, dtype, batch, kv_mb, max_len)
-        sampling = SamplingParams(max_tokens=work.timed_steps + 4, temperature=0.0, ignore_eos=True)
+        sampling = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
         for i, prompt in enumerate(random_prompts(batch, work.context, shape.vocab, 2)):
             engine.add_request(f"d{i}", prompt, sampling)
         started = set()
         while len(started) < batch:  # prefill everything (the first token of each comes with it)
             started.update(o.request_id for o in engine.step() if o.new_token_ids)
+        engine.step()  # one untimed decode step (graphs are captured at start-up; this warms the rest)
         times = []
+        engine.timers = dict.fromkeys(engine.timers, 0.0)
         for _ in range(work.timed_steps):
             sync(device)
             t = time.perf_counter()
@@ -198,11 +224,23 @@ def decode_step_times(path: Path, shape: Shape, device: torch.device, dtype: str
             times.append(time.perf_counter() - t)
             assert len(outs) == batch, f"expected a decode step over {batch} sequences, got {len(outs)}"
         step_s = statistics.median(times)
-        ctx = work.context + work.timed_steps // 2
+        graph_ms = None
+        runner = engine.runner.graph_runner
+        if runner is not None and runner.padded_size(batch) in runner.graphs:
+            # the decode forward alone, on the GPU: a replay of the step's graph (re-writes the same K/V)
+            from triton.testing import do_bench
+
+            graph_ms = do_bench(runner.graphs[runner.padded_size(batch)].replay, return_mode="median")
+        ctx = work.context + prefill_steps + work.timed_steps // 2
         roofline_s = (weight_bytes + batch * ctx * kv_per_token) / (bandwidth * 1e9)
+        # host-only phases (scheduling, input preparation, detokenizing/stop checks/outputs); the model and
+        # sampler phases include waiting for the GPU (the sampler's token copy is the step's one sync)
+        phases = {k: v * 1e3 / work.timed_steps for k, v in engine.timers.items()}
+        host_ms = phases["schedule_s"] + phases["prepare_s"] + phases["output_s"]
         rows.append({"batch": batch, "context": work.context, "step_ms": step_s * 1e3,
                      "tok_s": batch / step_s, "roofline_ms": roofline_s * 1e3,
-                     "x_roofline": step_s / roofline_s})
+                     "x_roofline": step_s / roofline_s, "forward_graph_ms": graph_ms, "phases_ms": phases,
+                     "host_overhead": host_ms / (sum(phases.values()) or 1.0)})
         del engine
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -262,8 +300,13 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=None, choices=sorted(SHAPES))
     parser.add_argument("--quick", action="store_true", help="smaller workload")
     parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--sync-output", action="store_true",
+                        help="build each step's outputs before the next step (no overlap with the GPU)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    global ASYNC_OUTPUT
+    if args.sync_output:
+        ASYNC_OUTPUT = False
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -275,7 +318,8 @@ def main() -> None:
     else:
         work, shapes, name = SMOKE, args.shapes or ["tiny"], f"CPU ({torch.get_num_threads()} threads), smoke run"
     bandwidth = copy_bandwidth(device)
-    print(f"device: {name}; copy bandwidth {bandwidth:.1f} GB/s; dtype {args.dtype}")
+    print(f"device: {name}; copy bandwidth {bandwidth:.1f} GB/s; dtype {args.dtype}; "
+          f"outputs {'deferred (async_output)' if device.type == 'cuda' and not args.sync_output else 'synchronous'}")
     report = {"device": name, "dtype": args.dtype, "copy_gb_s": bandwidth, "shapes": {}}
     for shape_name in shapes:
         shape = SHAPES[shape_name]
@@ -285,15 +329,20 @@ def main() -> None:
             entry = {}
             if not args.skip_check:
                 entry["greedy_check"] = check_greedy(path, shape, device, work)
-                for dtype, res in entry["greedy_check"].items():
-                    print(f"[{shape_name}] greedy vs transformers ({dtype}): {res['identical_sequences']}/{res['of']}"
-                          f" identical, {res['mean_tokens_before_divergence']:.1f} tokens agree on average")
+                for who, res in entry["greedy_check"].items():
+                    label = who if who.startswith("transformers") else f"engine {who}"
+                    print(f"[{shape_name}] greedy, {label} vs transformers float32: {res['identical_sequences']}/"
+                          f"{res['of']} identical, {res['mean_tokens_before_divergence']:.1f} tokens agree on average")
             entry["decode"] = decode_step_times(path, shape, device, args.dtype, work, bandwidth)
             print(f"[{shape_name}] {'batch':>5s} {'ctx':>5s} {'step ms':>9s} {'tok/s':>10s} "
-                  f"{'roofline ms':>12s} {'x roofline':>10s}")
+                  f"{'roofline ms':>12s} {'x roofline':>10s} {'fwd ms':>7s} {'host %':>7s}  "
+                  "phases ms (sched/prep/model/sample/out)")
             for row in entry["decode"]:
+                ph = row["phases_ms"]
                 print(f"[{shape_name}] {row['batch']:5d} {row['context']:5d} {row['step_ms']:9.3f} "
-                      f"{row['tok_s']:10.1f} {row['roofline_ms']:12.3f} {row['x_roofline']:10.2f}")
+                      f"{row['tok_s']:10.1f} {row['roofline_ms']:12.3f} {row['x_roofline']:10.2f} "
+                      f"{row['forward_graph_ms'] or float('nan'):7.3f} {100 * row['host_overhead']:6.1f}%  {ph['schedule_s']:.3f}/{ph['prepare_s']:.3f}/"
+                      f"{ph['model_s']:.3f}/{ph['sample_s']:.3f}/{ph['output_s']:.3f}")
             entry["throughput"] = throughput(path, shape, device, args.dtype, work)
             t = entry["throughput"]
             print(f"[{shape_name}] {t['requests']}x({t['prompt_len']} in / {t['output_len']} out): engine "

@@ -318,8 +318,16 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    *,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
-    """Triton launcher; same contract as ``paged_decode_attention_ref``."""
+    """Triton launcher; same contract as ``paged_decode_attention_ref``.
+
+    ``num_splits``, ``block_n`` (tokens per tile), ``num_warps`` and ``num_stages`` are tuning knobs
+    (benchmarks/decode_attention_sweep.py); the defaults are what the engine uses.
+    """
     check_kv_cache(k_cache, v_cache)
     device = check_same_device(q, k_cache, v_cache, block_tables, seq_lens)
     check(q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}")
@@ -333,6 +341,7 @@ def paged_decode_attention(
     check(block_tables.dim() == 2 and block_tables.shape[0] == batch, "block_tables must be [B, M]")
     check(block_tables.dtype == torch.int32 and block_tables.stride(1) == 1, "block_tables must be int32, rows contiguous")
     check(seq_lens.shape == (batch,) and seq_lens.dtype == torch.int32, "seq_lens must be int32 [B]")
+    check(block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}")
     out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=device)
     if batch == 0:
         return out
@@ -355,9 +364,9 @@ def paged_decode_attention(
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=splits,
-        BLOCK_G=max(16, next_pow2(group)), BLOCK_N=64, BLOCK_D=block_d,
+        BLOCK_G=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_DTYPE=dot_dtype(q.dtype, device), DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=4,
+        num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
     )
     if splits > 1:
         kernel_for(_paged_decode_merge_kernel, device)[(batch, num_heads)](

