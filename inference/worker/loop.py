@@ -3,7 +3,9 @@
     loop = WorkerLoop(queue=q, model="smollm2-135m-instruct", engine_factory=make_engine, sink=EventSink())
     loop.run()            # until request_drain() (SIGTERM) has finished the work in hand
 
-Each pass: heartbeat (every ~1 s), reap dead workers (every few seconds),
+Each pass: heartbeat (every ~1 s; during a step longer than that, a side
+thread repeats the last heartbeat so a slow step never looks like a dead
+worker), reap dead workers (every few seconds),
 abort what clients cancelled, end jobs dropped from the queue, lease new jobs
 when the engine has room, then one engine step whose outputs become
 engine.delta events and, for finished requests, a usage record and one
@@ -94,6 +96,11 @@ class WorkerLoop:
         self._last_beat = time.monotonic()
         self.tok_s = 0.0
         self.steps = 0
+        self._beat_lock = threading.Lock()  # the loop and the in-step beater share the queue client
+        self._last_info: dict[str, Any] | None = None
+        self._step_started: float | None = None  # monotonic start of the step in progress
+        self._reaped_in_step = False
+        self._beater_done = threading.Event()
 
     # ------------------------------------------------------------ control
     @property
@@ -125,8 +132,10 @@ class WorkerLoop:
     # ------------------------------------------------------------ main
     def run(self) -> None:
         failures = 0
+        beater = threading.Thread(target=self._beat_during_steps, name=f"{self.worker_id}-step-beats", daemon=True)
         try:
             self.load_engine()
+            beater.start()
             while not self._stopping.is_set():
                 try:
                     self.run_once()
@@ -138,6 +147,9 @@ class WorkerLoop:
                 if self.draining and not self.active:
                     break
         finally:
+            self._beater_done.set()
+            if beater.is_alive():
+                beater.join(5.0)
             self.shutdown()
 
     def load_engine(self) -> None:
@@ -194,10 +206,25 @@ class WorkerLoop:
 
     def _safe_heartbeat(self, info: dict[str, Any]) -> bool:
         try:
-            return self.queue.heartbeat(self.worker_id, self.model, info)
+            with self._beat_lock:
+                return self.queue.heartbeat(self.worker_id, self.model, info)
         except Exception:  # noqa: BLE001 - Redis blips must not kill the worker
             logger.exception("heartbeat failed")
             return True
+
+    def _beat_during_steps(self) -> None:
+        """Side thread: while one engine step outlasts the heartbeat interval (a long prefill on a slow
+        CPU), repeat the last heartbeat, so the worker is neither shown as gone nor reaped mid-step.
+        It reads no engine state (the step owns it), only what the loop's last heartbeat reported."""
+        while not self._beater_done.wait(self.heartbeat_interval / 2):
+            started, info = self._step_started, self._last_info
+            if started is None or info is None:
+                continue
+            in_step = time.monotonic() - started
+            if in_step < self.heartbeat_interval:
+                continue  # short steps: the loop beats between them
+            if not self._safe_heartbeat(dict(info, in_step_s=round(in_step, 1))):
+                self._reaped_in_step = True
 
     def heartbeat(self) -> None:
         now = time.monotonic()
@@ -206,13 +233,18 @@ class WorkerLoop:
             self.tok_s = self._tokens_since_beat / elapsed
         self._tokens_since_beat, self._last_beat = 0, now
         self._next_heartbeat = now + self.heartbeat_interval
-        if not self._safe_heartbeat(self._heartbeat_info()):
-            # We were reaped (too slow to heartbeat): our jobs were requeued or
-            # failed elsewhere. Drop them without sending anything more.
-            logger.error("worker %s was reaped; dropping %d requests", self.worker_id, len(self.active))
-            for request_id in list(self.active):
-                self._engine_abort(request_id)
-            self.active.clear()
+        info = self._heartbeat_info()
+        self._last_info = info
+        if not self._safe_heartbeat(info):
+            self._drop_reaped()
+
+    def _drop_reaped(self) -> None:
+        """We were reaped (too slow to heartbeat): our jobs were requeued or failed elsewhere.
+        Drop them without sending anything more."""
+        logger.error("worker %s was reaped; dropping %d requests", self.worker_id, len(self.active))
+        for request_id in list(self.active):
+            self._engine_abort(request_id)
+        self.active.clear()
 
     # ------------------------------------------------------------ intake
     def room(self) -> int:
@@ -273,6 +305,7 @@ class WorkerLoop:
 
     # ------------------------------------------------------------ stepping
     def _step(self) -> None:
+        self._step_started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001
@@ -280,6 +313,12 @@ class WorkerLoop:
             for request_id in list(self.active):
                 self._engine_abort(request_id)
                 self._fail(request_id, f"Engine error: {exc}")
+            return
+        finally:
+            self._step_started = None
+        if self._reaped_in_step:  # an in-step heartbeat found us reaped: this step's news is not ours to send
+            self._reaped_in_step = False
+            self._drop_reaped()
             return
         self.steps += 1
         now = time.time()

@@ -40,9 +40,9 @@ def engine():
 class Harness:
     """A running WorkerLoop plus a way to read its events."""
 
-    def __init__(self, engine, **loop_options) -> None:
+    def __init__(self, engine, *, heartbeat_timeout: float = 5.0, **loop_options) -> None:
         self.engine = engine
-        self.queue = MemoryJobQueue(weights={"enterprise": 8, "pro": 4, "free": 1}, heartbeat_timeout=5.0)
+        self.queue = MemoryJobQueue(weights={"enterprise": 8, "pro": 4, "free": 1}, heartbeat_timeout=heartbeat_timeout)
         self.layer = InMemoryChannelLayer()
         self.aloop = asyncio.new_event_loop()
         self.aloop_thread = threading.Thread(target=self.aloop.run_forever, daemon=True)
@@ -327,6 +327,41 @@ def test_an_engine_step_failure_ends_the_batch_with_errors_and_the_loop_goes_on(
     harness.close()
     stats = engine.stats()
     assert stats["free_blocks"] == stats["num_blocks"]
+
+
+def test_a_step_longer_than_the_heartbeat_timeout_does_not_get_the_worker_reaped(engine, harness_factory,
+                                                                                 tenant_factory, monkeypatch):
+    """A prefill on a slow CPU can take longer than WORKER_HEARTBEAT_TIMEOUT_S. Here one step is held for
+    2.5 s against a 1 s timeout while another worker's reaper runs: the worker stays live (its side thread
+    repeats the heartbeat during the step), nothing is reaped, the request ends normally, once."""
+    from inference.worker.reaper import dead_workers_reap
+
+    tenant = tenant_factory()
+    real_step = engine.step
+    slow = threading.Event()
+
+    def step_once_slowly():
+        if engine.has_unfinished() and not slow.is_set():
+            slow.set()
+            time.sleep(2.5)
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", step_once_slowly)
+    harness = harness_factory(heartbeat_timeout=1.0, heartbeat_interval=0.2)
+    job = chat_job(engine, tenant, "Say hello.", max_tokens=6)
+    harness.queue.enqueue(job)
+    assert slow.wait(30)
+    seen_live, reaped = [], []
+    for _ in range(10):  # 2 s of the 2.5 s step: another worker reaping every 0.2 s
+        time.sleep(0.2)
+        seen_live.append(any(w["worker_id"] == "w-test" for w in harness.queue.live_workers(MODEL)))
+        reaped.append(dead_workers_reap(queue=harness.queue, sink=harness.sink))
+    assert all(seen_live)
+    assert not any(r.requeued or r.failed for r in reaped)
+    deltas, done = harness.collect(job.reply_channel)
+    assert done["finish_reason"] in ("stop", "length") and deltas
+    assert record_count(request_id=job.request_id) == 1
+    assert harness.queue.leases("w-test") == {}
 
 
 async def test_embedded_worker_starts_once_and_delivers_on_the_web_loop(engine, tenant_factory, settings,
