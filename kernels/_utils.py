@@ -38,3 +38,28 @@ def check_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         raise ValueError("k_cache and v_cache must share dtype and device")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("KV caches must be contiguous")
+
+
+def check_decode_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                        seq_lens: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """The contract every paged decode-attention launcher checks (Triton and native CPU alike);
+    -> (batch, num_heads, head_dim, block_size, num_kv_heads). Layout requirements (strides,
+    devices) stay with each launcher."""
+    check_kv_cache(k_cache, v_cache)
+
+    def check(ok: bool, message: str) -> None:
+        if not ok:
+            raise ValueError(message)
+
+    check(q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}")
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    check(cache_dim == head_dim, f"q head_dim {head_dim} != cache head_dim {cache_dim}")
+    check(num_heads % num_kv_heads == 0, f"Hq {num_heads} is not a multiple of Hkv {num_kv_heads}")
+    check(q.dtype in SUPPORTED_DTYPES, f"q must be float32, bfloat16 or float16, got {q.dtype}")
+    check(q.dtype == k_cache.dtype, f"q is {q.dtype} but the cache is {k_cache.dtype}")
+    check(block_tables.dim() == 2 and block_tables.shape[0] == batch and block_tables.dtype == torch.int32,
+          f"block_tables must be int32 [B={batch}, M], got {block_tables.dtype} {tuple(block_tables.shape)}")
+    check(seq_lens.shape == (batch,) and seq_lens.dtype == torch.int32,
+          f"seq_lens must be int32 [B={batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    return batch, num_heads, head_dim, block_size, num_kv_heads

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import (
-    check, check_model_dtype, check_same_device, dot_dtype, dot_precision, jit, kernel_for, next_pow2, tl,
+    check, check_same_device, dot_dtype, dot_precision, jit, kernel_for, next_pow2, tl,
 )
-from kernels._utils import check_kv_cache, gather_blocks
+from kernels._utils import check_decode_inputs, check_kv_cache, gather_blocks
 
 
 def gather_padded_kv(
@@ -328,19 +328,11 @@ def paged_decode_attention(
     ``num_splits``, ``block_n`` (tokens per tile), ``num_warps`` and ``num_stages`` are tuning knobs
     (benchmarks/decode_attention_sweep.py); the defaults are what the engine uses.
     """
-    check_kv_cache(k_cache, v_cache)
+    batch, num_heads, head_dim, block_size, num_kv_heads = check_decode_inputs(q, k_cache, v_cache, block_tables,
+                                                                               seq_lens)
     device = check_same_device(q, k_cache, v_cache, block_tables, seq_lens)
-    check(q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}")
-    batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_dim = k_cache.shape
-    check(cache_dim == head_dim, f"q head_dim {head_dim} != cache head_dim {cache_dim}")
-    check(num_heads % num_kv_heads == 0, f"Hq {num_heads} is not a multiple of Hkv {num_kv_heads}")
-    check(q.dtype == k_cache.dtype, f"q is {q.dtype} but the cache is {k_cache.dtype}")
-    check_model_dtype("q", q)
     check(q.stride(2) == 1, "q head_dim must be contiguous")
-    check(block_tables.dim() == 2 and block_tables.shape[0] == batch, "block_tables must be [B, M]")
-    check(block_tables.dtype == torch.int32 and block_tables.stride(1) == 1, "block_tables must be int32, rows contiguous")
-    check(seq_lens.shape == (batch,) and seq_lens.dtype == torch.int32, "seq_lens must be int32 [B]")
+    check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
     check(block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}")
     out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=device)
     if batch == 0:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels import cpu_native
-from kernels._utils import check_kv_cache
+from kernels._utils import check_decode_inputs
 from kernels.paged_decode_attention import paged_decode_attention_ref
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -25,10 +25,6 @@ _ERRORS = {
     3: "invalid sizes",
     4: "out of memory for the split-KV scratch",
 }
-
-
-def _fail(message: str) -> None:
-    raise ValueError(message)
 
 
 def paged_decode_attention_cpu(
@@ -44,29 +40,15 @@ def paged_decode_attention_cpu(
     lib = cpu_native.load()
     if lib is None:
         return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    check_kv_cache(k_cache, v_cache)
-    if q.dim() != 3:
-        _fail(f"q must be [B, Hq, D], got {tuple(q.shape)}")
-    batch, num_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, cache_dim = k_cache.shape
+    batch, num_heads, head_dim, block_size, num_kv_heads = check_decode_inputs(q, k_cache, v_cache, block_tables,
+                                                                               seq_lens)
     for name, t in (("q", q), ("k_cache", k_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
         if t.device.type != "cpu":
-            _fail(f"{name} is on {t.device}; the native kernel takes CPU tensors")
-    if cache_dim != head_dim:
-        _fail(f"q head_dim {head_dim} != cache head_dim {cache_dim}")
-    if num_heads % num_kv_heads:
-        _fail(f"Hq {num_heads} is not a multiple of Hkv {num_kv_heads}")
-    code = _DTYPE_CODES.get(q.dtype)
-    if code is None:
-        _fail(f"q must be float32, bfloat16 or float16, got {q.dtype}")
-    if q.dtype != k_cache.dtype:
-        _fail(f"q is {q.dtype} but the cache is {k_cache.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.dtype != torch.int32:
-        _fail(f"block_tables must be int32 [B={batch}, M], got {block_tables.dtype} {tuple(block_tables.shape)}")
-    if seq_lens.shape != (batch,) or seq_lens.dtype != torch.int32:
-        _fail(f"seq_lens must be int32 [B={batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+            raise ValueError(f"{name} is on {t.device}; the native kernel takes CPU tensors")
     if num_splits is not None and num_splits < 1:
-        _fail(f"num_splits must be positive, got {num_splits}")
+        raise ValueError(f"num_splits must be positive, got {num_splits}")
+    num_blocks = k_cache.shape[0]
+    code = _DTYPE_CODES[q.dtype]
     if q.stride(2) != 1 and q.numel():
         q = q.contiguous()
     if block_tables.stride(1) != 1 and block_tables.numel():
@@ -86,5 +68,5 @@ def paged_decode_attention_cpu(
         float(scale), code, num_splits or 0, torch.get_num_threads(),
     )
     if status:
-        _fail(f"paged_decode_attention_cpu: {_ERRORS.get(status, f'error {status}')}")
+        raise ValueError(f"paged_decode_attention_cpu: {_ERRORS.get(status, f'error {status}')}")
     return out
