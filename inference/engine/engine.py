@@ -150,32 +150,27 @@ class Engine:
         seqs, logits = self.runner.run(*inputs)
         t2 = time.perf_counter()
         self.scheduler.postprocess(batch)
+        pending = self.sampler.launch(logits, seqs) if seqs else None
+        t2b = time.perf_counter()
         if self.async_output:
-            pending = self.sampler.launch(logits, seqs) if seqs else None
-            t2b = time.perf_counter()
             outputs += self._emit_deferred()  # the previous step's outputs, while the GPU works
-            t2c = time.perf_counter()
-            sampled = self.sampler.finish(pending) if pending is not None else None
-            t3 = time.perf_counter()
-            now = time.time()
-            for i, seq in enumerate(seqs):
-                if seq.is_finished:  # a late stop string or an abort: this token is dropped
-                    continue
-                lp = sampled.logprobs[i] if sampled.logprobs is not None else None
-                self._deferred.append(self._take_token(seq, sampled.token_ids[i], lp, now))
-            t4 = time.perf_counter()
-            self.timers["sample_s"] += (t2b - t2) + (t3 - t2c)
-            self.timers["output_s"] += (t2c - t2b) + (t4 - t3)
+        t2c = time.perf_counter()
+        sampled = self.sampler.finish(pending) if pending is not None else None
+        t3 = time.perf_counter()
+        now = time.time()
+        taken = []
+        for i, seq in enumerate(seqs):
+            if seq.is_finished:  # async_output: a late stop string or an abort; this token is dropped
+                continue
+            lp = sampled.logprobs[i] if sampled.logprobs is not None else None
+            taken.append(self._take_token(seq, sampled.token_ids[i], lp, now))
+        if self.async_output:
+            self._deferred = taken
         else:
-            sampled = self.sampler(logits, seqs) if seqs else None
-            t3 = time.perf_counter()
-            now = time.time()
-            for i, seq in enumerate(seqs):
-                lp = sampled.logprobs[i] if sampled.logprobs is not None else None
-                outputs.append(self._process_token(seq, sampled.token_ids[i], lp, now))
-            t4 = time.perf_counter()
-            self.timers["sample_s"] += t3 - t2
-            self.timers["output_s"] += t4 - t3
+            outputs += [self._emit(t, now) for t in taken]
+        t4 = time.perf_counter()
+        self.timers["sample_s"] += (t2b - t2) + (t3 - t2c)
+        self.timers["output_s"] += (t2c - t2b) + (t4 - t3)
         self.timers["prepare_s"] += t1b - t1
         self.timers["model_s"] += t2 - t1b
         n_prompt = batch.num_tokens - len(seqs)
@@ -188,11 +183,8 @@ class Engine:
         return outputs
 
     # ---- a sampled token, in two halves: what the next schedule needs, then its output -----------
-    # Synchronous engines run both at once; with async_output the second half of a step's tokens
-    # runs during the next step.
-    def _process_token(self, seq: Sequence, token: int, lp, now: float) -> RequestOutput:
-        return self._emit(self._take_token(seq, token, lp, now), now)
-
+    # Synchronous engines run both in the same step; with async_output the second half of a step's
+    # tokens runs during the next step.
     def _take_token(self, seq: Sequence, token: int, lp, now: float) -> tuple:
         """Append the token and decide stop tokens and length limits (finishing the request at once)."""
         seq.append_token(token)
