@@ -32,12 +32,11 @@ import logging
 import weakref
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
 from inference.worker.events import EVENTS
 
+logger = logging.getLogger(__name__)
+
 STOP = "reply.stop"
-BLOCK_S = 2  # the longest one Redis read blocks for (see ReplyChannel.open)
 EVENT_TYPES = frozenset({"engine.delta", "engine.done"})
 
 
@@ -63,13 +62,8 @@ class ReplyChannel:
         self._stop_sent = False
 
     async def open(self) -> str:
-        # channels_redis blocks in BZPOPMIN for `brpop_timeout` (5 s) while redis-py's
-        # default socket timeout is also 5 s: an idle receive then fails on a race
-        # ("Timeout reading from ...") and can drop a message popped in that instant.
-        # Blocking for less than the socket timeout avoids the race; the proper fix is
-        # a longer `socket_timeout` in settings.CHANNEL_LAYERS.
-        if getattr(self.layer, "brpop_timeout", 0) > BLOCK_S:
-            self.layer.brpop_timeout = BLOCK_S
+        # An idle receive blocks in channels_redis's BZPOPMIN for 5 s; settings.CHANNEL_LAYERS gives
+        # redis-py a longer socket timeout (30 s), so that wait never races the socket's own timeout.
         if self.name is None:
             name = await self.layer.new_channel("reply.")
             if self.name is None:

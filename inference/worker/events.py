@@ -100,10 +100,7 @@ class _Drain:
                 for channel, event in batch:
                     by_channel.setdefault(channel, []).append(event)
                     count += 1
-            if len(by_channel) == 1:
-                await self._send_batch(*next(iter(by_channel.items())))
-            else:
-                await asyncio.gather(*(self._send_batch(channel, events) for channel, events in by_channel.items()))
+            await asyncio.gather(*(self._send_batch(channel, events) for channel, events in by_channel.items()))
             self.sink._sent(count)
 
     async def _send_batch(self, channel: str, events: list[dict]) -> None:

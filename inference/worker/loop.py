@@ -306,19 +306,22 @@ class WorkerLoop:
     # ------------------------------------------------------------ stepping
     def _step(self) -> None:
         self._step_started = time.monotonic()
+        error: Exception | None = None
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001
-            logger.exception("engine step failed; ending the %d requests it held", len(self.active))
-            for request_id in list(self.active):
-                self._engine_abort(request_id)
-                self._fail(request_id, f"Engine error: {exc}")
-            return
+            error = exc
         finally:
             self._step_started = None
         if self._reaped_in_step:  # an in-step heartbeat found us reaped: this step's news is not ours to send
             self._reaped_in_step = False
             self._drop_reaped()
+            return
+        if error is not None:
+            logger.error("engine step failed; ending the %d requests it held", len(self.active), exc_info=error)
+            for request_id in list(self.active):
+                self._engine_abort(request_id)
+                self._fail(request_id, f"Engine error: {error}")
             return
         self.steps += 1
         now = time.time()

@@ -104,7 +104,8 @@ class Events:
     def __init__(self) -> None:
         from channels_redis.core import RedisChannelLayer
 
-        self.layer = RedisChannelLayer(hosts=[REDIS_URL], capacity=10000, expiry=120)
+        # as settings.CHANNEL_LAYERS: a socket timeout longer than the 5 s blocking pop
+        self.layer = RedisChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": 30}], capacity=10000, expiry=120)
         self.buffers: dict[str, collections.deque] = {}
 
     async def channel(self) -> str:
