@@ -24,19 +24,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
 
+from gpu_engine import copy_bandwidth  # noqa: E402  (benchmarks/, this script's folder)
 from kernels import paged_decode_attention as pda  # noqa: E402
 from tests.kernels.paged_cases import make_paged_case  # noqa: E402
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "llama-3.2-1b": (32, 8, 64)}
-
-
-def copy_gb_s() -> float:
-    from triton.testing import do_bench
-
-    src = torch.empty((1 << 30) // 4, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    return 2 * src.numel() * 4 / (ms / 1e3) / 1e9
 
 
 def main() -> None:
@@ -55,7 +47,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("decode_attention_sweep.py needs a CUDA device")
     dtype = torch.bfloat16
-    bandwidth = copy_gb_s()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bandwidth:.0f} GB/s; bf16")
     results = []
     for model, batch, ctx in itertools.product(SHAPES, args.batches, args.contexts):
