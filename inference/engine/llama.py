@@ -20,11 +20,11 @@ Parameter names (what the loaders produce):
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.dispatch import get_ops
 
+from . import cpu_matmul
 from .attention import PagedAttention
 from .attention_metadata import AttentionMetadata
 from .model_config import ModelConfig
@@ -130,4 +130,4 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (only the rows that need logits) -> float32 logits [N, V]."""
-        return F.linear(hidden, self.output_weight).float()
+        return cpu_matmul.linear(hidden, self.output_weight).float()

@@ -1,0 +1,100 @@
+"""cpu_matmul: bfloat16/float16 CPU matmuls computed in float32 where the CPU lacks 16-bit GEMM."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inference.engine import cpu_matmul, packed_linear
+from inference.engine.packed_linear import Int4Groups, Linear
+
+
+def _exact(x, w, b=None):
+    """The float64 product of the 16-bit values: what a float32 accumulation approximates."""
+    out = x.double() @ w.double().t()
+    return out if b is None else out + b.double()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [7, cpu_matmul.CHUNK_ROWS, cpu_matmul.CHUNK_ROWS * 2 + 5])
+def test_upcast_linear_is_a_float32_product_rounded_once(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(9, 96, generator=g).to(dtype)
+    w = torch.randn(n, 96, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    out = cpu_matmul.upcast_linear(x, w, b)
+    assert out.dtype == dtype and out.shape == (9, n)
+    # Rounded once from a float32 accumulation: within one 16-bit rounding step of the exact result,
+    # and equal to the unchunked float32 product rounded to the dtype.
+    exact = _exact(x, w, b)
+    step = exact.abs() * (2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11) + 1e-3
+    assert ((out.double() - exact).abs() <= step).all()
+    whole = F.linear(x.float(), w.float(), b.float()).to(dtype)
+    assert torch.equal(out, whole)
+
+
+def test_upcast_linear_keeps_leading_dimensions():
+    x = torch.randn(2, 5, 64).to(torch.bfloat16)
+    w = torch.randn(cpu_matmul.CHUNK_ROWS + 3, 64).to(torch.bfloat16)
+    out = cpu_matmul.upcast_linear(x, w)
+    assert out.shape == (2, 5, cpu_matmul.CHUNK_ROWS + 3)
+    assert torch.equal(out.view(10, -1), cpu_matmul.upcast_linear(x.view(10, 64), w))
+
+
+@pytest.mark.parametrize("mode,native,expected", [
+    ("auto", False, True), ("auto", True, False), ("1", True, True), ("0", False, False), (" AUTO ", False, True),
+])
+def test_upcast_mode_follows_the_setting_and_the_cpu(monkeypatch, mode, native, expected):
+    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, mode)
+    monkeypatch.setattr(cpu_matmul, "_native_16bit_gemm", lambda dtype: native)
+    assert cpu_matmul.upcast_enabled(torch.bfloat16) is expected
+    assert cpu_matmul.upcast_enabled(torch.float16) is expected
+    assert cpu_matmul.upcast_enabled(torch.float32) is False  # float32 is never touched
+
+
+def test_a_bad_setting_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "sometimes")
+    with pytest.raises(ValueError, match="ENGINE_CPU_UPCAST_MATMUL must be auto, 0 or 1"):
+        cpu_matmul.upcast_enabled(torch.bfloat16)
+
+
+def test_linear_upcasts_only_inputs_with_enough_rows(monkeypatch):
+    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "1")
+    w = torch.randn(300, 64).to(torch.bfloat16)
+    calls = []
+    real = cpu_matmul.upcast_linear
+    monkeypatch.setattr(cpu_matmul, "upcast_linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    few = torch.randn(cpu_matmul.UPCAST_MIN_ROWS - 1, 64).to(torch.bfloat16)
+    many = torch.randn(cpu_matmul.UPCAST_MIN_ROWS, 64).to(torch.bfloat16)
+    assert torch.equal(cpu_matmul.linear(few, w), F.linear(few, w))
+    assert torch.equal(cpu_matmul.linear(many, w), real(many, w))
+    assert calls == [many.shape]
+    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "0")
+    assert torch.equal(cpu_matmul.linear(many, w), F.linear(many, w))
+    assert calls == [many.shape]
+
+
+def test_packed_layer_picks_int4_then_upcast_by_rows(monkeypatch):
+    """A Q4 layer on a CPU without bf16 GEMM: int4 up to INT4_MAX_ROWS_UPCAST rows, float32 above."""
+    if not packed_linear.int4_supported(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("this torch has no CPU int4 matmul")
+    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "1")
+    g = torch.Generator().manual_seed(0)
+    n, k = 64, 96
+    groups = Int4Groups(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
+                        torch.rand(n, k // 32, generator=g) * 0.02, torch.rand(n, k // 32, generator=g) * 0.01)
+    layer = Linear(k, n, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(groups.dequantize())
+    assert layer.attach_int4(groups)
+    seen = []
+    monkeypatch.setattr(cpu_matmul, "upcast_linear", lambda x, w, b=None: seen.append(x.shape[0]) or F.linear(
+        x.float(), w.float()).to(x.dtype))
+    limit = packed_linear.INT4_MAX_ROWS_UPCAST
+    for rows in (1, limit, limit + 1):
+        x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
+        out = layer(x)
+        ref = _exact(x, layer.weight)
+        assert torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), dim=0) > 0.999
+    assert seen == [limit + 1]
+    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "0")
+    assert layer.int4_max_rows() == packed_linear.INT4_MAX_ROWS
