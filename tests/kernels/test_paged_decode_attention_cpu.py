@@ -170,6 +170,33 @@ def test_library_builds_into_the_cache_dir(fresh_loader):
     assert built[0].stat().st_mtime_ns == mtime
 
 
+def _x86_avx2() -> bool:
+    flags = cpu_native._cpu_flags().split()
+    return "avx2" in flags and "fma" in flags
+
+
+def test_avx2_cpus_get_the_intrinsics_loops():
+    if not _x86_avx2():
+        pytest.skip("not an x86 CPU with AVX2 and FMA: the portable loops are the ones tested above")
+    assert cpu_native.load().paged_decode_attention_uses_avx2() == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_portable_loops_match_the_reference(fresh_loader, monkeypatch, dtype):
+    """The loops of CPUs without AVX2 (ARM, older x86), built here with AVX2 and FMA turned off."""
+    if not _x86_avx2():
+        pytest.skip("not an x86 CPU with AVX2 and FMA: the default build already runs the portable loops")
+    monkeypatch.setenv("CC", f"{cpu_native.find_compiler()} -mno-avx2 -mno-fma")
+    lib = cpu_native.load()
+    assert lib is not None and lib.paged_decode_attention_uses_avx2() == 0
+    for hq, hkv, dim, bs in SHAPES:
+        lens = [1, bs, bs + 1, 2 * bs - 1, 300]
+        case = make_paged_case([1] * len(lens), lens, hq, hkv, dim, bs, dtype, seed=hq + dim + bs)
+        _check(case, paged_decode_attention_cpu(*_args(case)), dtype)
+    case = make_paged_case([1] * 5, [1, 17, 33, 450, 1000], 8, 2, 64, 16, dtype, seed=3)
+    _check(case, paged_decode_attention_cpu(*_args(case), num_splits=3), dtype)
+
+
 def test_disabled_falls_back_to_reference(fresh_loader, monkeypatch):
     monkeypatch.setenv(cpu_native.ENABLE_ENV, "0")
     monkeypatch.delenv("KERNELS_BACKEND", raising=False)
