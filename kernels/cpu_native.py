@@ -148,6 +148,10 @@ def load() -> ctypes.CDLL | None:
     """The native kernel library, built if needed; None when unavailable (see module doc)."""
     if not enabled():
         return None
+    try:
+        return _loaded["lib"]  # the per-op fast path: no lock once loaded (a dict read is atomic)
+    except KeyError:
+        pass
     with _lock:
         if "lib" not in _loaded:
             _loaded["lib"] = _load_uncached()
