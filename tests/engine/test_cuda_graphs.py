@@ -129,8 +129,10 @@ def test_cpu_runner_matches_eager_and_never_writes_padding(cpu_setup):
     for batch in (1, 3, 5, 17, 3, 1):
         seqs = random.Random(batch).sample(range(17), batch)
         ids, positions, meta, slots = batches.build([(s, 1) for s in seqs])
+        # Padding changes the matmuls' row count (17 -> 24), and the CPU's float32 GEMM kernels sum in
+        # a different order for different row counts: up to ~2e-5 apart here after 30 layers.
         check_step(model, runner, batches.caches, runner_caches, ids, positions, meta, slots,
-                   close=elementwise(1e-5, 1e-5))
+                   close=elementwise(1e-4, 5e-5))
     assert runner.graphs == {}  # capture=False never captures
 
 
