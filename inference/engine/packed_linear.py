@@ -8,7 +8,7 @@ which PyTorch's `_weight_int4pack_mm_for_cpu` reads at a quarter of the bytes.
 So a layer keeps both: the dense weight (AMX/oneDNN GEMM, best for prefill and
 large batches; on CPUs without 16-bit GEMM hardware computed in float32, see
 cpu_matmul) and, on the CPU in bf16/fp16, the packed copy used for inputs of
-at most `INT4_MAX_ROWS` rows. float32 always uses the dense weight, so the
+at most `INT4_MAX_ROWS` rows (`INT4_MAX_ROWS_UPCAST` where cpu_matmul upcasts). float32 always uses the dense weight, so the
 float32 model stays exactly the dequantised one.
 """
 
