@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels._utils import SUPPORTED_DTYPES, check  # noqa: F401 - check is re-exported to the launchers
+
 try:
     import triton
     import triton.language as tl
@@ -76,11 +78,6 @@ def dot_dtype(dtype: torch.dtype, device: torch.device):
     return tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
 
 
-def check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(message)
-
-
 def check_same_device(*tensors: torch.Tensor) -> torch.device:
     device = tensors[0].device
     for t in tensors[1:]:
@@ -89,7 +86,4 @@ def check_same_device(*tensors: torch.Tensor) -> torch.device:
 
 
 def check_model_dtype(name: str, t: torch.Tensor) -> None:
-    check(
-        t.dtype in (torch.float32, torch.bfloat16, torch.float16),
-        f"{name} must be float32, bfloat16 or float16, got {t.dtype}",
-    )
+    check(t.dtype in SUPPORTED_DTYPES, f"{name} must be float32, bfloat16 or float16, got {t.dtype}")

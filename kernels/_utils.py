@@ -7,6 +7,12 @@ import torch
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def check(cond: bool, message: str) -> None:
+    """The launchers' input checks: a ValueError with ``message`` unless ``cond``."""
+    if not cond:
+        raise ValueError(message)
+
+
 def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """Copy whole KV blocks ``cache[block_ids]`` -> [len(block_ids), block_size, Hkv, D].
 
@@ -46,11 +52,6 @@ def check_decode_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     -> (batch, num_heads, head_dim, block_size, num_kv_heads). Layout requirements (strides,
     devices) stay with each launcher."""
     check_kv_cache(k_cache, v_cache)
-
-    def check(ok: bool, message: str) -> None:
-        if not ok:
-            raise ValueError(message)
-
     check(q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}")
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
