@@ -151,6 +151,15 @@ ALWAYS_INLINE void store_row(void *restrict dst, const float *restrict src, int6
     }
 }
 
+/* Taylor coefficients of 2^f = e^(f ln 2): (ln 2)^k / k!, shared by the scalar and vector versions. */
+#define EXP2_C1 6.931471805599453e-01f
+#define EXP2_C2 2.402265069591007e-01f
+#define EXP2_C3 5.550410866482158e-02f
+#define EXP2_C4 9.618129107628477e-03f
+#define EXP2_C5 1.3333558146428443e-03f
+#define EXP2_C6 1.5403530393381608e-04f
+#define EXP2_C7 1.525273380405984e-05f
+
 /* 2^x for x <= 0 (0 below -126), from branch-free operations that vectorise:
  * x = n + f with n an integer and |f| <= 1/2, 2^f by its degree-7 Taylor
  * polynomial (relative error < 1e-8), 2^n built in the exponent bits. */
@@ -162,20 +171,20 @@ ALWAYS_INLINE float exp2_nonpos(float x)
     float n = t - shift;
     float f = xc - n;
     int32_t ni = (int32_t)(f32_to_bits(t) - f32_to_bits(shift));
-    float p = 1.525273380405984e-05f;
-    p = p * f + 1.5403530393381608e-04f;
-    p = p * f + 1.3333558146428443e-03f;
-    p = p * f + 9.618129107628477e-03f;
-    p = p * f + 5.550410866482158e-02f;
-    p = p * f + 2.402265069591007e-01f;
-    p = p * f + 6.931471805599453e-01f;
+    float p = EXP2_C7;
+    p = p * f + EXP2_C6;
+    p = p * f + EXP2_C5;
+    p = p * f + EXP2_C4;
+    p = p * f + EXP2_C3;
+    p = p * f + EXP2_C2;
+    p = p * f + EXP2_C1;
     p = p * f + 1.0f;
     float r = p * bits_to_f32((uint32_t)(ni + 127) << 23);
     return x < -126.0f ? 0.0f : r;
 }
 
 #if USE_AVX2
-/* exp2_nonpos on 8 lanes (the same polynomial; -inf and x < -126 give 0). */
+/* exp2_nonpos on 8 lanes (the same polynomial, fused multiply-adds; -inf and x < -126 give 0). */
 ALWAYS_INLINE __m256 exp2_nonpos8(__m256 x)
 {
     const __m256 lo = _mm256_set1_ps(-126.0f), shift = _mm256_set1_ps(12582912.0f);
@@ -184,13 +193,13 @@ ALWAYS_INLINE __m256 exp2_nonpos8(__m256 x)
     __m256 t = _mm256_add_ps(xc, shift);
     __m256 f = _mm256_sub_ps(xc, _mm256_sub_ps(t, shift));
     __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(shift));
-    __m256 p = _mm256_set1_ps(1.525273380405984e-05f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381608e-04f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129107628477e-03f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866482158e-02f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265069591007e-01f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471805599453e-01f));
+    __m256 p = _mm256_set1_ps(EXP2_C7);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C6));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C1));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     __m256 pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, pow2n));
