@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 ENABLE_ENV = "KERNELS_CPU_NATIVE"
 CACHE_ENV = "KERNELS_CACHE_DIR"
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
-# Built into the same library (kernels/fused_ops_cpu.py binds its functions).
-EXTRA_SOURCES = (Path(__file__).with_name("csrc") / "fused_ops.c",)
+# Built into the same library (kernels/fused_ops_cpu.py and kernels/q8_matmul_cpu.py bind their functions).
+EXTRA_SOURCES = (Path(__file__).with_name("csrc") / "fused_ops.c", Path(__file__).with_name("csrc") / "q8_matmul.c")
 # -fno-trapping-math lets GCC if-convert (and so vectorise) loops with clamps.
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 ABI_VERSION = 1

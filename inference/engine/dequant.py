@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .packed_linear import Int4Groups
+from .packed_linear import Int4Groups, Int8Blocks
 
 QK_K = 256
 
@@ -154,3 +154,16 @@ def _as_byte_tensor(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
     array = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     # GGUF data is a read-only memory map; torch wants a writable buffer, so copy once here.
     return torch.from_numpy(array.copy())
+
+
+def int8_blocks(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | int,
+                shape: tuple[int, int]) -> Int8Blocks | None:
+    """The int8 codes and scales of a Q8_0 matrix (None for any other type): x = d*q."""
+    qtype = GGMLQuantizationType(qtype)
+    if qtype != GGMLQuantizationType.Q8_0 or len(shape) != 2:
+        return None
+    rows, cols = shape
+    block_values, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = _as_byte_tensor(raw).reshape(-1, type_size)
+    codes = blocks[:, 2:].contiguous().view(torch.int8).reshape(rows, cols)
+    return Int8Blocks(codes, _f16(blocks, 0).view(rows, cols // block_values).contiguous())

@@ -26,7 +26,7 @@ from .model_config import ModelConfig
 if TYPE_CHECKING:  # torch is imported lazily: the tokenizer reads headers in processes that need no torch
     import torch
 
-    from .packed_linear import Int4Groups
+    from .packed_linear import Int4Groups, Int8Blocks
 
 GGUF_MAGIC = b"GGUF"
 
@@ -170,17 +170,19 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
             .transpose(1, 2).reshape(rows, *rest).contiguous())
 
 
-def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False
-              ) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Int4Groups]]:
-    """(config, state_dict in LlamaForCausalLM's parameter names on the CPU in `dtype`, packed groups).
+def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_head: bool = False
+              ) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Int4Groups | Int8Blocks]]:
+    """(config, state_dict in LlamaForCausalLM's parameter names on the CPU in `dtype`, packed weights).
 
     With `int4`, the third item maps each Linear (e.g. "layers.0.mlp.gate_up_proj") whose source
-    tensors are all Q4_0/Q4_1 to its exact 4-bit groups (see packed_linear); otherwise it is empty.
+    tensors are all Q4_0/Q4_1 to its exact 4-bit groups (see packed_linear). With `int8_head`, it also
+    maps "lm_head" to the exact int8 blocks of the output weight (the token embedding when tied) when
+    that tensor is Q8_0. Otherwise it is empty.
     """
     import torch
 
-    from .dequant import dequantize, int4_groups
-    from .packed_linear import Int4Groups
+    from .dequant import dequantize, int4_groups, int8_blocks
+    from .packed_linear import Int4Groups, Int8Blocks
 
     metadata, infos = read_gguf_header(path)
     config = config_from_gguf_metadata(metadata, set(infos))
@@ -213,7 +215,12 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False
                                       "norm.weight": get("output_norm.weight")}
     if not config.tie_word_embeddings:
         state["lm_head.weight"] = get("output.weight")
-    packed: dict[str, Int4Groups] = {}
+    packed: dict[str, Int4Groups | Int8Blocks] = {}
+    if int8_head:
+        head_name = "token_embd.weight" if config.tie_word_embeddings else "output.weight"
+        head = tensor(head_name)
+        if (blocks := int8_blocks(head.data, GGMLQuantizationType(head.tensor_type), infos[head_name][0])):
+            packed["lm_head"] = blocks
     for i in range(config.num_layers):
         blk, out = f"blk.{i}", f"layers.{i}"
         fused = {  # our Linear -> its GGUF sources, with the head count to unpermute Q/K rows by

@@ -24,11 +24,11 @@ from torch import nn
 
 from kernels.dispatch import get_ops
 
-from . import cpu_matmul
+from . import cpu_matmul, packed_linear
 from .attention import PagedAttention
 from .attention_metadata import AttentionMetadata
 from .model_config import ModelConfig
-from .packed_linear import Linear
+from .packed_linear import Int8Blocks, Linear
 
 
 class RMSNorm(nn.Module):
@@ -99,6 +99,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
                                                                            bias=False)
         self._cos_sin: dict[torch.device, torch.Tensor] = {}
+        self.output_int8: Int8Blocks | None = None  # the output weight as exact int8 blocks (few-row LM head)
 
     def cos_sin_cache(self, device: torch.device) -> torch.Tensor:
         cache = self._cos_sin.get(device)
@@ -128,6 +129,15 @@ class LlamaForCausalLM(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    def attach_int8_head(self, blocks: Int8Blocks) -> None:
+        """Use `blocks` (which must describe output_weight exactly) for LM heads of few rows."""
+        if tuple(blocks.codes.shape) != tuple(self.output_weight.shape):
+            raise ValueError(f"int8 head {tuple(blocks.codes.shape)} does not match the output weight "
+                             f"{tuple(self.output_weight.shape)}")
+        self.output_int8 = blocks
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (only the rows that need logits) -> float32 logits [N, V]."""
+        if self.output_int8 is not None and hidden.shape[0] <= packed_linear.INT8_MAX_ROWS and hidden.is_cpu:
+            return self.output_int8.matmul(hidden)
         return cpu_matmul.linear(hidden, self.output_weight).float()

@@ -9,7 +9,7 @@ import torch
 from .gguf_loader import load_gguf
 from .llama import LlamaForCausalLM
 from .model_config import ModelConfig
-from .packed_linear import Int4Groups, int4_supported
+from .packed_linear import Int4Groups, Int8Blocks, int4_supported, int8_supported
 from .registry import ModelSource, resolve_model
 from .safetensors_loader import load_safetensors
 from .tokenizer import Tokenizer, load_tokenizer
@@ -42,15 +42,18 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device,
-                packed: dict[str, Int4Groups] | None = None) -> LlamaForCausalLM:
-    """Instantiate without initialising weights, adopt the loaded tensors, attach packed int4 copies."""
+                packed: dict[str, Int4Groups | Int8Blocks] | None = None) -> LlamaForCausalLM:
+    """Instantiate without initialising weights, adopt the loaded tensors, attach packed copies."""
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     model = model.to(device).eval()
     for name, groups in (packed or {}).items():
-        model.get_submodule(name).attach_int4(groups)
+        if isinstance(groups, Int8Blocks):
+            model.attach_int8_head(groups)
+        else:
+            model.get_submodule(name).attach_int4(groups)
     return model
 
 
@@ -59,14 +62,16 @@ def load_model(name_or_path: str, *, dtype: torch.dtype | str = torch.bfloat16,
     """Load weights (dequantised to `dtype`) onto `device`, with the model's tokenizer.
 
     `int4_decode`: on the CPU in bf16/fp16, also keep Q4_0/Q4_1 GGUF weights packed for few-row
-    matmuls (decode); no effect in float32 or on other devices.
+    matmuls (decode), and a Q8_0 output weight as int8 blocks for the LM head at few rows; no effect
+    in float32 or on other devices.
     """
     source = resolve_model(name_or_path)
     dtype, device = resolve_dtype(dtype), torch.device(device)
-    packed: dict[str, Int4Groups] = {}
+    packed: dict[str, Int4Groups | Int8Blocks] = {}
     if source.kind == "gguf":
         config, state, packed = load_gguf(source.path, dtype=dtype,
-                                          int4=int4_decode and int4_supported(device, dtype))
+                                          int4=int4_decode and int4_supported(device, dtype),
+                                          int8_head=int4_decode and int8_supported(device, dtype))
     elif source.kind == "safetensors":
         config, state = load_safetensors(source.path, dtype=dtype)
     else:

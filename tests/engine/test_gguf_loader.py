@@ -130,7 +130,7 @@ def test_every_tensor_type_loads_as_gguf_dequantizes_it(tmp_path):
             "attn_output": (h, h, Q.BF16), "ffn_gate": (f, h, Q.Q4_1), "ffn_up": (f, h, Q.F32)}
     tensors = {"token_embd.weight": (gguf_quantize(rng.normal(size=(v, h)).astype(np.float32), Q.Q8_0), Q.Q8_0),
                "output_norm.weight": (rng.normal(size=h), Q.F32),
-               "output.weight": (rng.normal(size=(v, h)), Q.F16)}
+               "output.weight": (gguf_quantize(rng.normal(size=(v, h)).astype(np.float32), Q.Q8_0), Q.Q8_0)}
     for layer in range(TINY["layers"]):
         for name, (rows, cols, qtype) in plan.items():
             values = rng.normal(size=(rows, cols)).astype(np.float32)
@@ -150,7 +150,7 @@ def test_every_tensor_type_loads_as_gguf_dequantizes_it(tmp_path):
                                     .astype(np.float32))
         return torch.from_numpy(gguf_dequantize(data, qtype).astype(np.float32))
 
-    config, state, packed = load_gguf(path, dtype=torch.float32, int4=True)
+    config, state, packed = load_gguf(path, dtype=torch.float32, int4=True, int8_head=True)
     assert not config.tie_word_embeddings and torch.equal(state["lm_head.weight"], expected("output.weight"))
     assert torch.equal(state["embed_tokens.weight"], expected("token_embd.weight"))
     for layer in range(TINY["layers"]):
@@ -164,8 +164,11 @@ def test_every_tensor_type_loads_as_gguf_dequantizes_it(tmp_path):
         assert torch.equal(gate, expected(f"{blk}.ffn_gate.weight"))
         assert torch.equal(up, expected(f"{blk}.ffn_up.weight"))
         assert torch.equal(state[f"{out}.mlp.down_proj.weight"], expected(f"{blk}.ffn_down.weight"))
-    assert packed == {}  # int4 copies only when every source of a Linear is Q4_0/Q4_1
-    build_model(config, state, torch.device("cpu"))  # shapes fit the architecture
+    # int4 copies only when every source of a Linear is Q4_0/Q4_1; the Q8_0 output weight as int8 blocks
+    assert list(packed) == ["lm_head"]
+    assert torch.equal(packed["lm_head"].dequantize(), expected("output.weight"))
+    model = build_model(config, state, torch.device("cpu"), packed)  # shapes fit the architecture
+    assert model.output_int8 is packed["lm_head"]
 
 
 def _hf_tiny_llama(tie: bool):

@@ -4,7 +4,7 @@ same SmolLM2 GGUF in float32."""
 import pytest
 import torch
 
-from inference.engine import packed_linear
+from inference.engine import cpu_matmul, packed_linear
 from inference.engine.kv_cache import allocate_kv_caches, kv_bytes_per_block, num_blocks_for_budget
 from inference.engine.loader import load_model
 from tests.engine.paged_inputs import PagedSequences
@@ -93,6 +93,15 @@ def test_bfloat16_model_tracks_float32(smollm_fp32, smollm_tokenizer, monkeypatc
     packed = [m for m in bf16.model.modules() if getattr(m, "int4_weight", None) is not None]
     assert len(packed) == 4 * bf16.config.num_layers  # every Q4_1 projection also packed for decode
     assert all(getattr(m, "int4_weight", None) is None for m in smollm_fp32.model.modules())
+    # The tied Q8_0 embedding is also kept as its exact int8 blocks for the few-row LM head (bf16 only).
+    assert smollm_fp32.model.output_int8 is None
+    head = bf16.model.output_int8
+    assert head is not None and head.codes.dtype == torch.int8
+    assert torch.equal(head.dequantize(), smollm_fp32.model.embed_tokens.weight)
+    hidden = torch.randn(packed_linear.INT8_MAX_ROWS + 1, bf16.config.hidden_size).bfloat16()
+    assert torch.equal(bf16.model.compute_logits(hidden[:1]), head.matmul(hidden[:1]))
+    dense = cpu_matmul.linear(hidden, bf16.model.embed_tokens.weight).float()
+    assert torch.equal(bf16.model.compute_logits(hidden), dense)  # more rows: the dense GEMM
 
     prompt = smollm_tokenizer.encode_chat(CHATS[0])
     ref = PagedSequences(smollm_fp32.model, dtype=torch.float32).step([("s", prompt)])[0]
@@ -101,12 +110,13 @@ def test_bfloat16_model_tracks_float32(smollm_fp32, smollm_tokenizer, monkeypatc
     assert int(ours.argmax()) == int(ref.argmax())
     assert torch.nn.functional.cosine_similarity(ours, ref, dim=0) > 0.995
 
-    # The packed int4 decode path and the dense path agree to bf16 precision.
+    # The packed int4 / int8 decode path and the dense path agree to bf16 precision.
     token = int(ours.argmax())
     int4_logits = paged.step([("s", [token])])[0]
     paged.lens["s"] -= 1  # rewind one position and run the same step densely
     monkeypatch.setattr(packed_linear, "INT4_MAX_ROWS", 0)
     monkeypatch.setattr(packed_linear, "INT4_MAX_ROWS_UPCAST", 0)
+    monkeypatch.setattr(packed_linear, "INT8_MAX_ROWS", 0)
     dense_logits = paged.step([("s", [token])])[0]
     assert int(int4_logits.argmax()) == int(dense_logits.argmax())
     # Measured: > 0.999 on an AMX Xeon, 0.9985 on an AVX2-only EPYC, whose int4 and bf16 matmul

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from kernels import cpu_native
 from kernels._triton import HAS_TRITON, interpreter_active
 
 HAS_CUDA = torch.cuda.is_available()
@@ -36,3 +37,12 @@ def device(request) -> str:
     if reason:
         pytest.skip(reason)
     return request.param
+
+
+@pytest.fixture
+def fresh_loader(monkeypatch, tmp_path):
+    """kernels.cpu_native with an empty load cache and its own cache directory (builds with a test's $CC)."""
+    monkeypatch.setattr(cpu_native, "_loaded", {})
+    monkeypatch.setattr(cpu_native, "_warned", False)
+    monkeypatch.setenv(cpu_native.CACHE_ENV, str(tmp_path))
+    return tmp_path

@@ -148,15 +148,6 @@ def test_bad_inputs_raise():
         paged_decode_attention_cpu(*_args(case), num_splits=0)
 
 
-@pytest.fixture
-def fresh_loader(monkeypatch, tmp_path):
-    """cpu_native with an empty load cache and its own cache directory."""
-    monkeypatch.setattr(cpu_native, "_loaded", {})
-    monkeypatch.setattr(cpu_native, "_warned", False)
-    monkeypatch.setenv(cpu_native.CACHE_ENV, str(tmp_path))
-    return tmp_path
-
-
 def test_library_builds_into_the_cache_dir(fresh_loader):
     lib = cpu_native.load()
     assert lib is not None

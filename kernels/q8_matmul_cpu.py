@@ -1,0 +1,74 @@
+"""Matmul with a weight held as 8-bit blocks (GGUF Q8_0) on the CPU (``kernels/csrc/q8_matmul.c``).
+
+``weight[n, k] = codes[n, k] * scales[n, k // 32]``: int8 codes [N, K] and float32 scales [N, K / 32],
+exactly as a Q8_0 file stores them. ``q8_matmul_cpu(x, codes, scales)`` returns the float32 product
+``x @ weight.T`` ([rows, N]) for bfloat16 or float32 ``x`` [rows, K], computed in float32 from the
+exact weights (up to summation order); ``q8_matmul_ref`` is the same in plain PyTorch. It reads half
+the bytes of a bfloat16 weight, so for the few rows of a decode step (a tied-embedding LM head at
+batch 1-4) it beats the dense GEMV; the C code holds up to 8 rows per pass over the weight.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kernels import cpu_native
+
+BLOCK = 32
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_i64, _p = ctypes.c_int64, ctypes.c_void_p
+_bound: set[int] = set()
+
+
+def library() -> ctypes.CDLL | None:
+    lib = cpu_native.load()
+    if lib is not None and id(lib) not in _bound:
+        lib.q8_matmul.argtypes = [_p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int]
+        lib.q8_matmul.restype = ctypes.c_int
+        lib.q8_matmul_isa.restype = ctypes.c_int
+        _bound.add(id(lib))
+    return lib
+
+
+def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    if x.dim() != 2 or codes.dim() != 2 or scales.dim() != 2:
+        raise ValueError(f"x, codes and scales must be 2-D, got {tuple(x.shape)}, {tuple(codes.shape)}, "
+                         f"{tuple(scales.shape)}")
+    n, k = codes.shape
+    if k % BLOCK:
+        raise ValueError(f"K must be a multiple of {BLOCK}, got {k}")
+    if x.shape[1] != k or tuple(scales.shape) != (n, k // BLOCK):
+        raise ValueError(f"shapes do not match: x {tuple(x.shape)}, codes {tuple(codes.shape)}, "
+                         f"scales {tuple(scales.shape)} (want [rows, K], [N, K], [N, K/{BLOCK}])")
+    if codes.dtype != torch.int8 or scales.dtype != torch.float32:
+        raise ValueError(f"codes must be int8 and scales float32, got {codes.dtype} and {scales.dtype}")
+
+
+def q8_matmul_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    _check(x, codes, scales)
+    n, k = codes.shape
+    weight = (codes.float().view(n, k // BLOCK, BLOCK) * scales.unsqueeze(-1)).view(n, k)
+    return x.float() @ weight.t()
+
+
+def q8_matmul_cpu(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 [rows, N]; the reference when the library is unavailable or x is not bf16/fp32 on the CPU."""
+    _check(x, codes, scales)
+    lib = library()
+    if (lib is None or x.dtype not in _DTYPES or x.device.type != "cpu" or codes.device.type != "cpu"
+            or scales.device.type != "cpu"):
+        return q8_matmul_ref(x, codes, scales)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    codes, scales = codes.contiguous(), scales.contiguous()
+    rows, (n, k) = x.shape[0], codes.shape
+    out = torch.empty((rows, n), dtype=torch.float32)
+    code = lib.q8_matmul(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), out.data_ptr(), rows, n, k,
+                         x.stride(0), n, _DTYPES[x.dtype], torch.get_num_threads())
+    if code == 2:
+        raise MemoryError("q8_matmul: out of memory for the float32 copy of x")
+    if code:
+        raise ValueError(f"q8_matmul failed with code {code}")
+    return out

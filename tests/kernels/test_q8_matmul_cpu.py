@@ -1,0 +1,90 @@
+"""The native Q8_0 matmul (kernels/csrc/q8_matmul.c) against the float64 product with the exact weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_native
+from kernels import q8_matmul_cpu as q8
+
+pytestmark = pytest.mark.skipif(q8.library() is None, reason="no C compiler: the native CPU kernels cannot be built")
+
+
+def _case(rows: int, n: int, k: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed + rows * 7 + n + k)
+    codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    scales = (torch.rand(n, k // q8.BLOCK, generator=g) * 0.02).half().float()  # fp16 scales, as in a file
+    x = (torch.randn(rows, k, generator=g) * 2).to(dtype)
+    return x, codes, scales
+
+
+def _check(out: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    """Within float32 summation error of the float64 product (bounded by sum |x| |w| * K * eps)."""
+    n, k = codes.shape
+    weight = (codes.double().view(n, k // q8.BLOCK, q8.BLOCK) * scales.double().unsqueeze(-1)).view(n, k)
+    exact = x.double() @ weight.t()
+    bound = (x.double().abs() @ weight.abs().t()) * (k * 2.0 ** -24) + 1e-30
+    assert out.dtype == torch.float32 and out.shape == exact.shape
+    assert bool(((out.double() - exact).abs() <= bound).all()), float((out.double() - exact).abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows,n,k", [(1, 1, 32), (1, 200, 576), (3, 65, 96), (8, 64, 576), (9, 130, 64),
+                                      (17, 31, 128)])
+def test_matches_the_exact_product(dtype, rows, n, k):
+    x, codes, scales = _case(rows, n, k, dtype)
+    _check(q8.q8_matmul_cpu(x, codes, scales), x, codes, scales)
+
+
+def test_strided_rows_and_the_reference():
+    x, codes, scales = _case(5, 70, 160, torch.bfloat16)
+    wide = torch.cat((x, torch.ones(5, 32, dtype=x.dtype)), dim=1)[:, :160]  # row stride 192
+    out = q8.q8_matmul_cpu(wide, codes, scales)
+    _check(out, x, codes, scales)
+    torch.testing.assert_close(out, q8.q8_matmul_ref(x, codes, scales), rtol=1e-5, atol=1e-4)
+    assert q8.q8_matmul_cpu(x[:0], codes, scales).shape == (0, 70)
+
+
+def test_bad_inputs_raise():
+    x, codes, scales = _case(2, 8, 64, torch.float32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        q8.q8_matmul_cpu(x[:, :48], codes[:, :48], scales[:, :1])
+    with pytest.raises(ValueError, match="do not match"):
+        q8.q8_matmul_cpu(x[:, :32], codes, scales)
+    with pytest.raises(ValueError, match="int8"):
+        q8.q8_matmul_cpu(x, codes.to(torch.int16), scales)
+    with pytest.raises(ValueError, match="2-D"):
+        q8.q8_matmul_cpu(x[0], codes, scales)
+
+
+def test_other_dtypes_use_the_reference():
+    x, codes, scales = _case(2, 8, 64, torch.float32)
+    half = x.half()
+    assert torch.equal(q8.q8_matmul_cpu(half, codes, scales), q8.q8_matmul_ref(half, codes, scales))
+
+
+def _flags() -> list[str]:
+    return cpu_native._cpu_flags().split()
+
+
+@pytest.mark.parametrize("isa,extra", [(1, "-mno-avx512f"), (0, "-mno-avx512f -mno-avx2 -mno-fma")],
+                         ids=["avx2", "portable"])
+def test_narrower_builds_match(fresh_loader, monkeypatch, isa, extra):
+    """The AVX2 and portable loops, built here by turning the wider instruction sets off."""
+    if isa == 1 and not {"avx2", "fma"} <= set(_flags()):
+        pytest.skip("no AVX2 + FMA on this CPU: the default build already runs the portable loops")
+    if isa == 0 and not {"avx2", "avx512f"} & set(_flags()):
+        pytest.skip("the default build already runs the portable loops")
+    monkeypatch.setenv("CC", f"{cpu_native.find_compiler()} {extra}")
+    assert q8.library().q8_matmul_isa() == isa
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows, n, k in ((1, 100, 576), (9, 65, 96)):
+            x, codes, scales = _case(rows, n, k, dtype, seed=isa)
+            _check(q8.q8_matmul_cpu(x, codes, scales), x, codes, scales)
+
+
+def test_the_default_build_uses_the_widest_loops():
+    flags = set(_flags())
+    expected = 2 if "avx512f" in flags else 1 if {"avx2", "fma"} <= flags else 0
+    assert q8.library().q8_matmul_isa() == expected
