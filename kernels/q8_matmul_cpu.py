@@ -5,7 +5,7 @@ exactly as a Q8_0 file stores them. ``q8_matmul_cpu(x, codes, scales)`` returns 
 ``x @ weight.T`` ([rows, N]) for bfloat16 or float32 ``x`` [rows, K], computed in float32 from the
 exact weights (up to summation order); ``q8_matmul_ref`` is the same in plain PyTorch. It reads half
 the bytes of a bfloat16 weight, so for the few rows of a decode step (a tied-embedding LM head at
-batch 1-4) it beats the dense GEMV; the C code holds up to 8 rows per pass over the weight.
+batch 1-8) it beats the dense GEMV; the C code holds up to 8 rows per pass over the weight.
 """
 
 from __future__ import annotations

@@ -100,6 +100,7 @@ class LlamaForCausalLM(nn.Module):
                                                                            bias=False)
         self._cos_sin: dict[torch.device, torch.Tensor] = {}
         self.output_int8: Int8Blocks | None = None  # the output weight as exact int8 blocks (few-row LM head)
+        self.output_prepacked: torch.Tensor | None = None  # oneDNN-blocked copy (cpu_matmul.prepack)
 
     def cos_sin_cache(self, device: torch.device) -> torch.Tensor:
         cache = self._cos_sin.get(device)
@@ -136,8 +137,17 @@ class LlamaForCausalLM(nn.Module):
                              f"{tuple(self.output_weight.shape)}")
         self.output_int8 = blocks
 
+    def prepack(self) -> None:
+        """Give every Linear and the LM head a oneDNN-blocked weight copy where that applies (see cpu_matmul)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.prepack()
+        self.output_prepacked = cpu_matmul.prepack(self.output_weight)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (only the rows that need logits) -> float32 logits [N, V]."""
         if self.output_int8 is not None and hidden.shape[0] <= packed_linear.INT8_MAX_ROWS and hidden.is_cpu:
             return self.output_int8.matmul(hidden)
+        if self.output_prepacked is not None and hidden.dim() == 2 and hidden.dtype == self.output_weight.dtype:
+            return cpu_matmul.prepacked_linear(hidden, self.output_prepacked).float()
         return cpu_matmul.linear(hidden, self.output_weight).float()

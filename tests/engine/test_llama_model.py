@@ -7,6 +7,7 @@ import torch
 from inference.engine import cpu_matmul, packed_linear
 from inference.engine.kv_cache import allocate_kv_caches, kv_bytes_per_block, num_blocks_for_budget
 from inference.engine.loader import load_model
+from inference.engine.packed_linear import Linear
 from tests.engine.paged_inputs import PagedSequences
 
 pytestmark = pytest.mark.slow
@@ -93,6 +94,11 @@ def test_bfloat16_model_tracks_float32(smollm_fp32, smollm_tokenizer, monkeypatc
     packed = [m for m in bf16.model.modules() if getattr(m, "int4_weight", None) is not None]
     assert len(packed) == 4 * bf16.config.num_layers  # every Q4_1 projection also packed for decode
     assert all(getattr(m, "int4_weight", None) is None for m in smollm_fp32.model.modules())
+    # On CPUs with the bf16 GEMM, every dense weight also gets a oneDNN-blocked copy (cpu_matmul.prepack).
+    prepacked = cpu_matmul.prepack_enabled(bf16.model.embed_tokens.weight)
+    assert all((m.prepacked is not None) is prepacked for m in bf16.model.modules() if isinstance(m, Linear))
+    assert (bf16.model.output_prepacked is not None) is prepacked
+    assert all(m.prepacked is None for m in smollm_fp32.model.modules() if isinstance(m, Linear))
     # The tied Q8_0 embedding is also kept as its exact int8 blocks for the few-row LM head (bf16 only).
     assert smollm_fp32.model.output_int8 is None
     head = bf16.model.output_int8
