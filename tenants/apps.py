@@ -7,3 +7,6 @@ class TenantsConfig(AppConfig):
 
     def ready(self) -> None:
         from tenants import checks  # noqa: F401  (registers the deploy checks)
+        from tenants.services.api_key_cache import connect_signals
+
+        connect_signals()

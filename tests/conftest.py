@@ -85,3 +85,14 @@ def api_client():
 def bearer(key: str) -> dict:
     """Request kwargs for Django/DRF test clients: client.get(url, **bearer(key))."""
     return {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+
+
+@pytest.fixture(autouse=True)
+def _api_key_cache_empty():
+    """Each test starts with an empty verified-key cache (tenants.services.api_key_cache), if loaded."""
+    import sys
+
+    cache = sys.modules.get("tenants.services.api_key_cache")
+    if cache is not None:
+        cache.api_key_cache_clear()
+    yield

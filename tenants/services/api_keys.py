@@ -4,8 +4,11 @@ Format: ``sk-<public id>-<secret>``, e.g. ``sk-3fq9x0k2mz-<43 base62 chars>``.
 The public id (stored in ``ApiKey.prefix`` as ``sk-<id>``) names the row; the
 secret (~256 bits from ``secrets``) is shown once and only its HMAC-SHA-256
 under ``settings.API_KEY_PEPPER`` is stored. Verification looks the row up by
-prefix and compares digests in constant time. Nothing is cached, so a revoked
-or expired key, or a suspended tenant, is refused on the very next request.
+prefix and compares digests in constant time. The async path used by the
+completion endpoints keeps the row for ~2 s (`api_key_cache`): any change to a
+key, tenant or tier in this process empties that cache, so a revoked or
+expired key, or a suspended tenant, is still refused on the very next request
+(other web processes: within the cache's TTL).
 
 ``last_used_at`` is written at most once per ``LAST_USED_RESOLUTION`` per key:
 a request only issues an UPDATE when the loaded value is older than that, and
@@ -29,6 +32,7 @@ from django.utils import timezone
 
 from inference.errors import AuthenticationError, InvalidRequest, PermissionDenied
 from tenants.models import ApiKey, Tenant, Tier
+from tenants.services.api_key_cache import api_key_cache_clear, cached_key_get, cached_key_put
 
 KEY_SCHEME = "sk"
 PUBLIC_ID_ALPHABET = string.ascii_lowercase + string.digits
@@ -177,6 +181,7 @@ def api_key_create_for(*, creator: ApiKey, name: str, scopes: list[str] | None =
 def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
     """Revoke now (idempotent: a second call keeps the first revocation time)."""
     ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=_now())
+    api_key_cache_clear()  # a queryset update sends no post_save
     api_key.refresh_from_db(fields=["revoked_at"])
     return api_key
 
@@ -238,9 +243,15 @@ def api_key_verify(*, key: str) -> AuthContext:
 
 
 async def aapi_key_verify(*, key: str) -> AuthContext:
+    """api_key_verify for the event loop, with the row cached briefly (see api_key_cache)."""
     prefix, secret = _parse_or_401(key)
     now = _now()
-    context = _check(await _lookup_queryset().filter(prefix=prefix).afirst(), secret, now)
+    row = cached_key_get(prefix)
+    if row is None:
+        row = await _lookup_queryset().filter(prefix=prefix).afirst()
+        if row is not None:
+            cached_key_put(prefix, row)
+    context = _check(row, secret, now)
     pending = _touch_filter(context.api_key, now)
     if pending is not None:
         await pending.aupdate(last_used_at=now)
