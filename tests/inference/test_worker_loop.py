@@ -401,3 +401,28 @@ async def test_embedded_worker_starts_once_and_delivers_on_the_web_loop(engine, 
         from django.db import connections
 
         await sync_to_async(connections.close_all)()  # the executor thread's connection
+
+
+def test_a_new_requests_first_token_leads_its_steps_batch(engine, harness_factory, tenant_factory):
+    """Within one step's message, a request's first delta comes before the running streams' deltas."""
+    tenant = tenant_factory()
+    harness = harness_factory()
+    channel = f"reply.{uuid.uuid4().hex}"
+    running = chat_job(engine, tenant, "Count to one hundred.", channel=channel, max_tokens=60, ignore_eos=True)
+    harness.queue.enqueue(running)
+
+    def next_batch() -> list[dict]:
+        coro = asyncio.wait_for(harness.layer.receive(channel), 60)
+        return events_unpack(asyncio.run_coroutine_threadsafe(coro, harness.aloop).result())
+
+    while not any(e["type"] == "engine.delta" for e in next_batch()):
+        pass  # the running request streams
+    newcomer = chat_job(engine, tenant, "Say hi.", channel=channel, max_tokens=4)
+    harness.queue.enqueue(newcomer)
+    while True:
+        batch = next_batch()
+        ids = [e["request_id"] for e in batch if e["type"] == "engine.delta"]
+        if newcomer.request_id in ids:
+            break
+    assert running.request_id in ids  # the step that produced the first token also decoded the other
+    assert ids[0] == newcomer.request_id
