@@ -11,8 +11,8 @@ cpu_matmul) and, on the CPU in bf16/fp16, the packed copy used for inputs of
 at most `INT4_MAX_ROWS` rows (`INT4_MAX_ROWS_UPCAST` where cpu_matmul upcasts). float32 always uses the dense weight, so the
 float32 model stays exactly the dequantised one.
 
-`Int8Blocks` does the same for a Q8_0 weight read by the LM head (for
-SmolLM2, the tied 49,152 x 576 token embedding): the native kernel in
+`Int8Blocks` does the same, in bf16, for a Q8_0 weight read by the LM head
+(for SmolLM2, the tied 49,152 x 576 token embedding): the native kernel in
 kernels/q8_matmul_cpu.py multiplies up to `INT8_MAX_ROWS` rows by the file's
 exact int8 blocks, half the bytes of the bf16 GEMV.
 """
@@ -78,10 +78,11 @@ class Int8Blocks:
 
 
 def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """The int8 LM head: on the CPU in bf16/fp16 (float32 keeps the dense weight), with the native kernels."""
+    """The int8 LM head: on the CPU in bf16 with the native kernels (which take bf16 or float32 inputs;
+    float32 models keep the dense weight, so they stay exactly the dequantised model)."""
     from kernels import cpu_native
 
-    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and cpu_native.available()
+    return device.type == "cpu" and dtype == torch.bfloat16 and cpu_native.available()
 
 
 def int4_supported(device: torch.device, dtype: torch.dtype) -> bool:

@@ -143,3 +143,10 @@ def test_prepacked_layer_multiplies_by_the_packed_weight(monkeypatch):
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
     assert calls == [layer.prepacked]
     assert layer(x.view(4, 5, 96)).shape == (4, 5, 64) and len(calls) == 1  # 3-D inputs: plain F.linear
+
+
+def test_int8_head_only_where_the_native_kernel_takes_the_inputs():
+    cpu = torch.device("cpu")
+    assert not packed_linear.int8_supported(cpu, torch.float32)  # float32 stays the dequantised model
+    assert not packed_linear.int8_supported(cpu, torch.float16)  # the kernel takes bf16/fp32 inputs only
+    assert not packed_linear.int8_supported(torch.device("meta"), torch.bfloat16)
