@@ -38,16 +38,18 @@ static inline float q8_bf16_to_f32(uint16_t h) {
 
 /* Outputs [n0, n1) for rows [0, rows) of xf (float32, contiguous [rows, K]). */
 static void q8_rows(const float *xf, const int8_t *codes, const float *scales, float *out, int64_t rows,
-                    int64_t n0, int64_t n1, int64_t k, int64_t so) {
+                    int64_t n0, int64_t n1, int64_t n_total, int64_t k, int64_t so) {
     int64_t blocks = k / Q8_BLOCK;
     for (int64_t n = n0; n < n1; n++) {
         const int8_t *q = codes + n * k;
         const float *d = scales + n * blocks;
+        /* the codes PREFETCH_ROWS rows ahead (the last rows of the matrix have none) */
+        const int8_t *ahead = n + PREFETCH_ROWS < n_total ? q + PREFETCH_ROWS * k : q;
 #if defined(__AVX512F__)
         __m512 acc[MAX_ROWS];
         for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t b = 0; b < blocks; b++) {
-            __builtin_prefetch(q + PREFETCH_ROWS * k + b * Q8_BLOCK);
+            __builtin_prefetch(ahead + b * Q8_BLOCK);
             __m512 scale = _mm512_set1_ps(d[b]);
             __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                 _mm_loadu_si128((const __m128i *)(q + b * Q8_BLOCK)))), scale);
@@ -64,7 +66,7 @@ static void q8_rows(const float *xf, const int8_t *codes, const float *scales, f
         __m256 acc[MAX_ROWS];
         for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t b = 0; b < blocks; b++) {
-            __builtin_prefetch(q + PREFETCH_ROWS * k + b * Q8_BLOCK);
+            __builtin_prefetch(ahead + b * Q8_BLOCK);
             __m256 scale = _mm256_set1_ps(d[b]);
             __m256 w[4];
             for (int j = 0; j < 4; j++)
@@ -86,7 +88,7 @@ static void q8_rows(const float *xf, const int8_t *codes, const float *scales, f
         for (int64_t r = 0; r < rows; r++)
             for (int j = 0; j < 16; j++) acc[r][j] = 0.0f;
         for (int64_t b = 0; b < blocks; b++) {
-            __builtin_prefetch(q + PREFETCH_ROWS * k + b * Q8_BLOCK);
+            __builtin_prefetch(ahead + b * Q8_BLOCK);
             float w[Q8_BLOCK];
             for (int j = 0; j < Q8_BLOCK; j++) w[j] = (float)q[b * Q8_BLOCK + j] * d[b];
             for (int64_t r = 0; r < rows; r++) {
@@ -136,7 +138,7 @@ int q8_matmul(const void *x, const int8_t *codes, const float *scales, float *ou
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t c = 0; c < chunks; c++) {
             int64_t lo = c * 64, hi = lo + 64 < n ? lo + 64 : n;
-            q8_rows(xf, codes, scales, out + r0 * so, count, lo, hi, k, so);
+            q8_rows(xf, codes, scales, out + r0 * so, count, lo, hi, n, k, so);
         }
     }
     free(xf);
