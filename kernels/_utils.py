@@ -50,7 +50,20 @@ def check_decode_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         seq_lens: torch.Tensor) -> tuple[int, int, int, int, int]:
     """The contract every paged decode-attention launcher checks (Triton and native CPU alike);
     -> (batch, num_heads, head_dim, block_size, num_kv_heads). Layout requirements (strides,
-    devices) stay with each launcher."""
+    devices) stay with each launcher.
+
+    Valid inputs take one combined test (this runs once per layer per decode step, and the
+    messages below cost microseconds to format); only failing ones go through the checks
+    that say what is wrong."""
+    if q.dim() == 3 and k_cache.dim() == 4 and block_tables.dim() == 2:
+        batch, num_heads, head_dim = q.shape
+        _, block_size, num_kv_heads, cache_dim = k_cache.shape
+        if (k_cache.shape == v_cache.shape and q.dtype == k_cache.dtype == v_cache.dtype
+                and q.dtype in SUPPORTED_DTYPES and k_cache.device == v_cache.device and cache_dim == head_dim
+                and num_kv_heads and num_heads % num_kv_heads == 0 and block_tables.shape[0] == batch
+                and block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32
+                and seq_lens.shape == (batch,) and k_cache.is_contiguous() and v_cache.is_contiguous()):
+            return batch, num_heads, head_dim, block_size, num_kv_heads
     check_kv_cache(k_cache, v_cache)
     check(q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}")
     batch, num_heads, head_dim = q.shape

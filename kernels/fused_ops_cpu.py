@@ -57,14 +57,20 @@ def library() -> ctypes.CDLL | None:
 def _usable(x: torch.Tensor, *others: torch.Tensor) -> bool:
     """bfloat16 only for the ops whose float32 sums/exp may differ from PyTorch's in the last bit:
     the float32 model stays the exact reference (it is compared with transformers token for token)."""
-    return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2 and x.stride(1) == 1
-            and all(o.dtype == x.dtype and o.device.type == "cpu" for o in others))
+    if not (x.is_cpu and x.dtype == torch.bfloat16 and x.dim() == 2 and x.stride(1) == 1):
+        return False
+    for other in others:  # a loop, not all(<generator>): this runs ~100 times a decode step
+        if other.dtype != x.dtype or not other.is_cpu:
+            return False
+    return True
 
 
 def _norm(x, residual, weight, eps):
     rows, hidden = x.shape
-    out = torch.empty((rows, hidden), dtype=x.dtype)
-    new_res = torch.empty((rows, hidden), dtype=x.dtype) if residual is not None else None
+    # empty_like: ~0.7 us against ~1.5 us for torch.empty((rows, hidden), dtype=...) (per-call cost
+    # matters at batch 1, where each of a step's ~180 native calls does ~1 us of work)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    new_res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     if weight.dtype != x.dtype or not weight.is_contiguous():
         weight = weight.to(x.dtype).contiguous()
     library().rms_norm_rows(
@@ -91,7 +97,7 @@ def fused_add_rms_norm_cpu(x: torch.Tensor, residual: torch.Tensor, weight: torc
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     tokens, heads, dim = x.shape
-    out = torch.empty((tokens, heads, dim), dtype=x.dtype)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     bad = library().rotary_rows(x.data_ptr(), out.data_ptr(), positions.data_ptr(), cos_sin.data_ptr(), tokens,
                                 heads, dim, x.stride(0), x.stride(1), cos_sin.shape[0], _DTYPES[x.dtype],
                                 torch.get_num_threads())
@@ -104,7 +110,7 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> 
 def rotary_embedding_cpu(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     dim = q.shape[-1]
-    ok = (q.device.type == "cpu" and q.dtype in _DTYPES and k.dtype == q.dtype and q.dim() == 3 and k.dim() == 3
+    ok = (q.is_cpu and q.dtype in _DTYPES and k.dtype == q.dtype and q.dim() == 3 and k.dim() == 3
           and q.stride(2) == 1 and k.stride(2) == 1 and dim % 2 == 0 and dim <= MAX_HEAD_DIM
           and k.shape[-1] == dim and positions.dtype == torch.int64 and positions.is_contiguous()
           and cos_sin_cache.dtype == torch.float32 and cos_sin_cache.is_contiguous()
@@ -122,7 +128,7 @@ def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
     if not _usable(x) or x.shape[1] % 2 or x.shape[1] // 2 > MAX_HIDDEN:
         return silu_and_mul_ref(x)
     rows, width = x.shape
-    out = torch.empty((rows, width // 2), dtype=x.dtype)
+    out = x.new_empty((rows, width // 2))
     library().silu_and_mul_rows(x.data_ptr(), out.data_ptr(), rows, width // 2, x.stride(0), width // 2,
                                 _DTYPES[x.dtype], torch.get_num_threads())
     return out
@@ -132,7 +138,7 @@ def store_kv_cpu(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, 
                  slot_mapping: torch.Tensor) -> None:
     """Same contract as ``store_kv_ref``: one memcpy per token and cache, padding slots (< 0) skipped."""
     tokens = key.shape[0]
-    ok = (key.device.type == "cpu" and key.dim() == 3 and value.shape == key.shape and k_cache.dim() == 4
+    ok = (key.is_cpu and key.dim() == 3 and value.shape == key.shape and k_cache.dim() == 4
           and k_cache.shape == v_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous()
           and key.dtype == value.dtype == k_cache.dtype == v_cache.dtype
           and key.shape[1:] == k_cache.shape[2:] and slot_mapping.shape == (tokens,)

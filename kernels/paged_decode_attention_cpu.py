@@ -42,9 +42,10 @@ def paged_decode_attention_cpu(
         return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
     batch, num_heads, head_dim, block_size, num_kv_heads = check_decode_inputs(q, k_cache, v_cache, block_tables,
                                                                                seq_lens)
-    for name, t in (("q", q), ("k_cache", k_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if t.device.type != "cpu":
-            raise ValueError(f"{name} is on {t.device}; the native kernel takes CPU tensors")
+    if not (q.is_cpu and k_cache.is_cpu and block_tables.is_cpu and seq_lens.is_cpu):
+        for name, t in (("q", q), ("k_cache", k_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+            if not t.is_cpu:
+                raise ValueError(f"{name} is on {t.device}; the native kernel takes CPU tensors")
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
     num_blocks = k_cache.shape[0]
@@ -55,7 +56,7 @@ def paged_decode_attention_cpu(
         block_tables = block_tables.contiguous()
     if not seq_lens.is_contiguous():
         seq_lens = seq_lens.contiguous()
-    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [B, Hq, D]
     if batch == 0:
         return out
     status = lib.paged_decode_attention(
