@@ -33,6 +33,8 @@ CACHE_ENV = "KERNELS_CACHE_DIR"
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
 # Built into the same library (kernels/fused_ops_cpu.py and kernels/q8_matmul_cpu.py bind their functions).
 EXTRA_SOURCES = (Path(__file__).with_name("csrc") / "fused_ops.c", Path(__file__).with_name("csrc") / "q8_matmul.c")
+# Included by those sources: part of the library's cache key, so editing one rebuilds the library.
+HEADERS = (Path(__file__).with_name("csrc") / "bf16.h",)
 # -fno-trapping-math lets GCC if-convert (and so vectorise) loops with clamps.
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 ABI_VERSION = 1
@@ -79,7 +81,7 @@ def library_path(compiler: str, source: bytes) -> Path:
         [*compiler.split(), "--version"], capture_output=True, text=True, timeout=60, check=True,
     ).stdout
     key = hashlib.sha256()
-    for part in (source, *(extra.read_bytes() for extra in EXTRA_SOURCES), " ".join(FLAGS).encode(), compiler.encode(), version.encode(),
+    for part in (source, *(extra.read_bytes() for extra in (*EXTRA_SOURCES, *HEADERS)), " ".join(FLAGS).encode(), compiler.encode(), version.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):
         key.update(part)
         key.update(b"\0")

@@ -20,26 +20,13 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "bf16.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 #define MAX_HIDDEN 16384
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t nan = (u >> 16) | 0x40u; /* keep NaNs quiet NaNs */
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
 
 static inline void load_row(const void *src, int64_t offset, int64_t n, int dtype, float *dst) {
     if (dtype) {
