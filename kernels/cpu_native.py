@@ -160,5 +160,17 @@ def load() -> ctypes.CDLL | None:
         return _loaded["lib"]
 
 
+_bound: set[tuple[int, object]] = set()  # (id of a loaded library, binder) pairs already applied
+
+
+def load_bound(bind) -> ctypes.CDLL | None:
+    """`load()`, with `bind(lib)` (a module's ctypes signatures) applied once per loaded library."""
+    lib = load()
+    if lib is not None and (id(lib), bind) not in _bound:
+        bind(lib)
+        _bound.add((id(lib), bind))
+    return lib
+
+
 def available() -> bool:
     return load() is not None

@@ -42,16 +42,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-_bound: set[int] = set()
-
-
 def library() -> ctypes.CDLL | None:
     """The native library (kernels.cpu_native) with this module's signatures bound; None if unavailable."""
-    lib = cpu_native.load()
-    if lib is not None and id(lib) not in _bound:
-        bind(lib)
-        _bound.add(id(lib))
-    return lib
+    return cpu_native.load_bound(bind)
 
 
 def _usable(x: torch.Tensor, *others: torch.Tensor) -> bool:

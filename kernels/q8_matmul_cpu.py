@@ -19,17 +19,22 @@ from kernels import cpu_native
 BLOCK = 32
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _i64, _p = ctypes.c_int64, ctypes.c_void_p
-_bound: set[int] = set()
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.q8_matmul.argtypes = [_p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int]
+    lib.q8_matmul.restype = ctypes.c_int
+    lib.q8_matmul_isa.restype = ctypes.c_int
+    return lib
 
 
 def library() -> ctypes.CDLL | None:
-    lib = cpu_native.load()
-    if lib is not None and id(lib) not in _bound:
-        lib.q8_matmul.argtypes = [_p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int]
-        lib.q8_matmul.restype = ctypes.c_int
-        lib.q8_matmul_isa.restype = ctypes.c_int
-        _bound.add(id(lib))
-    return lib
+    """The native library (kernels.cpu_native) with this module's signatures bound; None if unavailable."""
+    return cpu_native.load_bound(bind)
+
+
+def q8_dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [N, K] the blocks stand for."""
+    n, k = codes.shape
+    return (codes.float().view(n, k // BLOCK, BLOCK) * scales.unsqueeze(-1)).view(n, k)
 
 
 def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
@@ -48,17 +53,14 @@ def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
 
 def q8_matmul_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     _check(x, codes, scales)
-    n, k = codes.shape
-    weight = (codes.float().view(n, k // BLOCK, BLOCK) * scales.unsqueeze(-1)).view(n, k)
-    return x.float() @ weight.t()
+    return x.float() @ q8_dequantize(codes, scales).t()
 
 
 def q8_matmul_cpu(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """float32 [rows, N]; the reference when the library is unavailable or x is not bf16/fp32 on the CPU."""
     _check(x, codes, scales)
     lib = library()
-    if (lib is None or x.dtype not in _DTYPES or x.device.type != "cpu" or codes.device.type != "cpu"
-            or scales.device.type != "cpu"):
+    if lib is None or x.dtype not in _DTYPES or not (x.is_cpu and codes.is_cpu and scales.is_cpu):
         return q8_matmul_ref(x, codes, scales)
     if x.stride(1) != 1:
         x = x.contiguous()

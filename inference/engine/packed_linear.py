@@ -73,8 +73,9 @@ class Int8Blocks:
         return q8_matmul_cpu(x, self.codes, self.scales)
 
     def dequantize(self) -> torch.Tensor:
-        n, k = self.codes.shape
-        return (self.codes.float().view(n, k // GROUP_SIZE, GROUP_SIZE) * self.scales.unsqueeze(-1)).view(n, k)
+        from kernels.q8_matmul_cpu import q8_dequantize
+
+        return q8_dequantize(self.codes, self.scales)
 
 
 def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:
