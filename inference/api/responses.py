@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from inference.api.schemas import CHAT
 
@@ -26,6 +27,7 @@ def service_tier_for(tier) -> str:
     return "default" if priority == 1 else "flex"
 
 
+@lru_cache(maxsize=256)  # on every stream chunk
 def system_fingerprint(model: str) -> str:
     digest = hashlib.sha256(f"{FINGERPRINT_VERSION}:{model}".encode()).hexdigest()
     return f"fp_{digest[:10]}"

@@ -38,8 +38,11 @@ logger = logging.getLogger(__name__)
 _MAX_CLIENT_REQUEST_ID = 512
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # json.dumps with these makes a new encoder per call
+
+
 def _dumps(obj: dict) -> str:
-    return json.dumps(obj, separators=(",", ":"))
+    return _ENCODER.encode(obj)
 
 
 def _sse(obj: dict) -> bytes:

@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 import threading
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -45,15 +46,21 @@ class PackagedFile:
 
     def locate(self) -> Path:
         try:
-            dist = importlib.metadata.distribution(self.distribution)
+            path = _distribution_file(self.distribution, self.relative_path)
         except importlib.metadata.PackageNotFoundError as exc:
             raise UnknownModelError(
                 f"model files come from the package {self.distribution!r}, which is not installed"
             ) from exc
-        path = Path(str(dist.locate_file(self.relative_path)))
         if not path.is_file():
             raise UnknownModelError(f"{self.relative_path!r} is missing from the package {self.distribution!r}")
         return path
+
+
+@lru_cache(maxsize=64)
+def _distribution_file(distribution: str, relative_path: str) -> Path:
+    """Where an installed distribution keeps `relative_path` (cached: the lookup scans sys.path,
+    ~0.25 ms, and the API resolves the model's tokenizer on every request)."""
+    return Path(str(importlib.metadata.distribution(distribution).locate_file(relative_path)))
 
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
