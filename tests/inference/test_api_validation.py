@@ -386,3 +386,31 @@ async def test_method_size_and_headers(asgi_client, key):
 async def test_host_header_is_checked(asgi_client, key):
     response = await post(asgi_client, "/v1/chat/completions", key, chat(), Host="evil.example")
     check(response, 400, param=None, code="invalid_host")
+
+
+@pytestmark_db
+async def test_api_paths_skip_request_started_but_still_end_with_request_finished(asgi_client, key):
+    """The API handler drops Django's request_started (a hop to the sync thread before the view);
+    request_finished (which closes stale database connections) still runs once per request."""
+    from django.core import signals
+
+    seen: list[str] = []
+
+    def on_started(**_kwargs):
+        seen.append("started")
+
+    def on_finished(**_kwargs):
+        seen.append("finished")
+
+    signals.request_started.connect(on_started)
+    signals.request_finished.connect(on_finished)
+    try:
+        check(await post(asgi_client, "/v1/chat/completions", key, chat(n=2)), 400, param="n")
+        assert seen == ["finished"]
+        seen.clear()
+        response = await asgi_client.get("/v1/models", headers=auth(key))  # not an API_PATHS route: Django's own handler
+        assert response.status_code == 200
+        assert seen == ["started", "finished"]
+    finally:
+        signals.request_started.disconnect(on_started)
+        signals.request_finished.disconnect(on_finished)
