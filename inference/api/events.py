@@ -71,8 +71,7 @@ class JobRun:
         self.model = model
         self.done: dict | None = None
         self.cancelled = False
-        self._queue: asyncio.Queue = reply.register(request_id)
-        self._pending: asyncio.Future | None = None
+        self._mailbox = reply.register(request_id)
         self._closed = False
         self._next_liveness = time.monotonic() + LIVENESS_INTERVAL_S
 
@@ -92,10 +91,7 @@ class JobRun:
         """Stop receiving this job's events (without cancelling it: e.g. it was never queued)."""
         if not self._closed:
             self._closed = True
-            self.reply.unregister(self.request_id)
-        pending, self._pending = self._pending, None
-        if pending is not None and not pending.done():
-            pending.cancel()
+            self.reply.unregister(self.request_id)  # closes the mailbox: a reader waiting now is cancelled
 
     async def aclose(self) -> None:
         self.cancel()
@@ -103,17 +99,9 @@ class JobRun:
 
     async def next_event(self, timeout: float | None) -> dict | None:
         """The next event of this job, or None when `timeout` seconds pass without one."""
-        if self._pending is None:
-            if not self._queue.empty():
-                message = self._queue.get_nowait()
-            else:
-                self._pending = asyncio.ensure_future(self._queue.get())
-        if self._pending is not None:
-            done, _ = await asyncio.wait({self._pending}, timeout=timeout)
-            if not done:
-                return None  # the get stays pending: nothing is lost between ticks
-            future, self._pending = self._pending, None
-            message = future.result()
+        if not await self._mailbox.wait(timeout):
+            return None  # nothing is taken while waiting: no event is lost between ticks
+        message = self._mailbox.get_nowait()
         if message.get("type") == "engine.done":
             self.done = message
         return message

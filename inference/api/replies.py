@@ -20,6 +20,10 @@ generated token; at 32 streams that queueing cost the Redis mode a fifth of
 its throughput (BENCHMARKS.md, serving). Now it is one message per process
 per engine step.
 
+An engine in this same process (the embedded worker) skips the channel layer:
+the sink calls `deliver` on the reply channel's event loop directly
+(inference.worker.events, in-process receivers); the message is the same.
+
 The receive loop runs only while requests wait: when the last one leaves, the
 loop sends itself `reply.stop` and ends on reading it (a receive is never
 cancelled: channels_redis can lose a message popped by a cancelled receive).
@@ -30,9 +34,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections import deque
 from typing import Any
 
-from inference.worker.events import EVENTS
+from inference.worker.events import EVENTS, local_receiver_register
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,71 @@ def events_unpack(message: dict) -> list[dict]:
     return []
 
 
+class Mailbox:
+    """One request's events not yet read, on its event loop (what `register` hands its JobRun).
+
+    A deque and at most one waiter future: an event put here wakes the reader
+    in the loop's next iteration. (An asyncio.Queue read with a timeout needs a
+    getter task and `asyncio.wait` around it: three iterations per event, each
+    one behind every other stream's work of that step.)
+    """
+
+    __slots__ = ("_events", "_waiter", "closed")
+
+    def __init__(self) -> None:
+        self._events: deque = deque()
+        self._waiter: asyncio.Future | None = None
+        self.closed = False
+
+    def put_nowait(self, event: dict) -> None:
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+
+    def get_nowait(self) -> dict:
+        """The oldest event (IndexError when there is none)."""
+        return self._events.popleft()
+
+    def empty(self) -> bool:
+        return not self._events
+
+    def qsize(self) -> int:
+        return len(self._events)
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Wait until an event is there (True) or `timeout` seconds pass (False).
+
+        Nothing is taken while waiting, so a timeout or a cancellation loses no
+        event. After `close()` a waiting or new call raises CancelledError.
+        """
+        if self._events:
+            return True
+        if self.closed:
+            raise asyncio.CancelledError("mailbox closed")
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _wake, waiter, False)
+        try:
+            return await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def close(self) -> None:
+        """No more events for this request: a reader waiting now is cancelled."""
+        self.closed = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.cancel()
+
+
+def _wake(waiter: asyncio.Future, value: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(value)
+
+
 class ReplyChannel:
     """This process's reply channel on one event loop, and the requests waiting on it."""
 
@@ -57,7 +127,7 @@ class ReplyChannel:
         self.layer = layer
         self.loop = loop
         self.name: str | None = None
-        self._waiting: dict[str, asyncio.Queue] = {}
+        self._waiting: dict[str, Mailbox] = {}
         self._task: asyncio.Task | None = None
         self._stop_sent = False
 
@@ -68,23 +138,27 @@ class ReplyChannel:
             name = await self.layer.new_channel("reply.")
             if self.name is None:
                 self.name = name
+                # an engine thread in this process (embedded worker) delivers here without the layer
+                local_receiver_register(name, self)
         return self.name
 
     # ------------------------------------------------------------ requests
-    def register(self, request_id: str) -> asyncio.Queue:
-        """The queue `request_id`'s events will arrive on (call before queueing its job)."""
+    def register(self, request_id: str) -> Mailbox:
+        """The mailbox `request_id`'s events will arrive in (call before queueing its job)."""
         if self.name is None:
             raise RuntimeError("ReplyChannel.open() first")
         if request_id in self._waiting:
             raise ValueError(f"request {request_id!r} is already waiting on this reply channel")
-        queue: asyncio.Queue = asyncio.Queue()
-        self._waiting[request_id] = queue
+        mailbox = Mailbox()
+        self._waiting[request_id] = mailbox
         if self._task is None or self._task.done():
             self._task = self.loop.create_task(self._receive_loop(), name=f"replies {self.name}")
-        return queue
+        return mailbox
 
     def unregister(self, request_id: str) -> None:
-        self._waiting.pop(request_id, None)
+        mailbox = self._waiting.pop(request_id, None)
+        if mailbox is not None:
+            mailbox.close()
         if not self._waiting and self._task is not None and not self._task.done() and not self._stop_sent:
             self._stop_sent = True
             self.loop.create_task(self._send_stop())
@@ -127,9 +201,9 @@ class ReplyChannel:
     def deliver(self, message: dict) -> None:
         """Hand each event of `message` to the request it names, if it waits here."""
         for event in events_unpack(message):
-            queue = self._waiting.get(event.get("request_id"))
-            if queue is not None:
-                queue.put_nowait(event)
+            mailbox = self._waiting.get(event.get("request_id"))
+            if mailbox is not None:
+                mailbox.put_nowait(event)
             else:
                 logger.debug("reply channel %s: event for %s, which nobody here waits for",
                              self.name, event.get("request_id"))

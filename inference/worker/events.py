@@ -12,6 +12,14 @@ loop handed them over. Reply channels are per web process, not per request, so
 that is one channel-layer message per web process per step whatever the number
 of streams; the web process routes each event by its `request_id`.
 
+In-process receivers: a reply channel whose reader lives in this process
+(the embedded worker's web process) registers itself with
+`local_receiver_register`. The sink then hands that channel's batch straight
+to the receiver on its own event loop, in the same loop callback that takes
+the batch from the engine thread: the same one message per step, without two
+trips through the channel layer's queues (each a loop iteration behind every
+other stream's work).
+
 Which event loop:
 - Redis channel layer (separate worker processes): a private loop in a daemon
   thread of the sink.
@@ -27,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +60,15 @@ def bind_event_loop(loop: asyncio.AbstractEventLoop) -> None:
 def bound_event_loop() -> asyncio.AbstractEventLoop | None:
     loop = _bound_loop
     return None if loop is None or loop.is_closed() else loop
+
+
+# reply channel name -> its reader in this process: has `.loop` and `.deliver(message)` (inference.api.replies)
+_local_receivers: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+
+
+def local_receiver_register(name: str, receiver: Any) -> None:
+    """Deliver `name`'s batches to `receiver` directly when they are sent on its event loop."""
+    _local_receivers[name] = receiver
 
 
 class _Drain:
@@ -83,11 +101,37 @@ class _Drain:
         except Exception:  # noqa: BLE001 - closing down anyway
             pass
 
-    def put(self, batch: list[tuple[str, dict]]) -> None:
-        self.loop.call_soon_threadsafe(self._put, batch)
+    def put(self, batch: list[tuple[str, dict]], sent: threading.Event | None = None) -> None:
+        self.loop.call_soon_threadsafe(self._put, batch, sent)
 
-    def _put(self, batch: list[tuple[str, dict]]) -> None:
-        self.queue.put_nowait(batch)
+    def _put(self, batch: list[tuple[str, dict]], sent: threading.Event | None) -> None:
+        rest = self._deliver_local(batch) if _local_receivers else batch
+        if rest:
+            self.queue.put_nowait((rest, sent))
+        elif sent is not None:
+            sent.set()
+
+    def _deliver_local(self, batch: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+        """Hand the batches of this loop's in-process reply channels over now; the rest is sent."""
+        local: dict[str, list[dict]] = {}
+        rest: list[tuple[str, dict]] = []
+        for channel, event in batch:
+            receiver = _local_receivers.get(channel)
+            if receiver is not None and receiver.loop is self.loop:
+                local.setdefault(channel, []).append(event)
+            else:
+                rest.append((channel, event))
+        count = 0
+        for channel, events in local.items():
+            count += len(events)
+            receiver = _local_receivers.get(channel)
+            try:
+                receiver.deliver(events_message(events))
+            except Exception:  # noqa: BLE001 - one broken reader must not stop the others
+                logger.exception("in-process delivery of %d events to %s failed", len(events), channel)
+        if count:
+            self.sink._sent(count)
+        return rest
 
     async def _run(self) -> None:
         while True:
@@ -96,12 +140,15 @@ class _Drain:
                 batches.append(self.queue.get_nowait())
             by_channel: dict[str, list[dict]] = {}
             count = 0
-            for batch in batches:
+            for batch, _sent in batches:
                 for channel, event in batch:
                     by_channel.setdefault(channel, []).append(event)
                     count += 1
             await asyncio.gather(*(self._send_batch(channel, events) for channel, events in by_channel.items()))
             self.sink._sent(count)
+            for _batch, sent in batches:
+                if sent is not None:
+                    sent.set()
 
     async def _send_batch(self, channel: str, events: list[dict]) -> None:
         try:
@@ -148,9 +195,18 @@ class EventSink:
             threading.Thread(target=self._own_loop.run_forever, name="event-sink", daemon=True).start()
         return self._own_loop
 
-    def send_many(self, items: list[tuple[str, dict]]) -> None:
+    def send_many(self, items: list[tuple[str, dict]], *, wait_s: float = 0.0) -> None:
+        """Hand `items` over; with `wait_s`, also wait (at most that long) until they are sent.
+
+        The caller (the engine thread) holds the GIL through the Python of its
+        next step: the sending loop's thread could not run until the step's
+        first native call, 0.8 ms later at the median on a 2-core VM (BENCHMARKS.md,
+        serving). Waiting on an Event releases the GIL, and the events go out
+        at once; the worker waits only for steps that carry first tokens.
+        """
         if not items:
             return
+        sent = threading.Event() if wait_s > 0 else None
         with self._lock:
             loop = self._target_loop()
             drain = self._drains.get(id(loop))
@@ -160,11 +216,14 @@ class EventSink:
                 drain = self._drains[id(loop)] = _Drain(self, loop)
             self._pending += len(items)
             try:
-                drain.put(list(items))
+                drain.put(list(items), sent)
             except RuntimeError as exc:  # the loop closed between the check and the call
                 self._pending -= len(items)
                 self._drains.pop(id(loop), None)
                 logger.warning("dropping %d events: %s", len(items), exc)
+                return
+        if sent is not None:
+            sent.wait(wait_s)
 
     def send(self, channel: str, message: dict) -> None:
         self.send_many([(channel, message)])

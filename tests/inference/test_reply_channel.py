@@ -155,3 +155,73 @@ async def test_a_stream_closed_before_it_started_cancels_its_job_and_stops_waiti
     response.close()  # what Django does when the client left before the first byte
     assert cancelled == ["req-never-read"] and reply.waiting == 0
     await asyncio.wait_for(asyncio.shield(reply._task), 5)
+
+
+async def test_a_mailbox_wait_that_times_out_loses_nothing_and_a_put_wakes_the_reader():
+    from inference.api.replies import Mailbox
+
+    mailbox = Mailbox()
+    assert await mailbox.wait(0.01) is False  # a keep-alive tick: nothing taken
+    mailbox.put_nowait({"n": 1})
+    assert await mailbox.wait(0.01) is True and mailbox.get_nowait() == {"n": 1}
+    reader = asyncio.ensure_future(mailbox.wait(30))
+    await asyncio.sleep(0)
+    mailbox.put_nowait({"n": 2})
+    assert await asyncio.wait_for(reader, 5) is True
+    assert mailbox.get_nowait() == {"n": 2} and mailbox.empty()
+    reader = asyncio.ensure_future(mailbox.wait(30))
+    await asyncio.sleep(0)
+    mailbox.close()  # the request left: a waiting reader is cancelled, not left hanging
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+
+
+async def test_keepalive_ticks_between_events_lose_none_of_them():
+    reply = await reply_channel_get(InMemoryChannelLayer())
+    run = JobRun(reply=reply, request_id="req-slow", model="m")
+    assert await run.next_event(0.01) is None  # idle: a keep-alive tick
+    reply.deliver(events_message([delta("req-slow", "a")]))
+    assert (await run.next_event(0.01))["text"] == "a"
+    assert await run.next_event(0.01) is None
+    reply.deliver(events_message([delta("req-slow", "b"), done("req-slow", 2)]))
+    assert (await run.next_event(0.01))["text"] == "b"
+    assert (await run.next_event(0.01))["type"] == "engine.done" and run.done is not None
+    run.release()
+
+
+class _RefusingLayer(InMemoryChannelLayer):
+    """A layer whose sends fail: what reaches a reader came the in-process way."""
+
+    async def send(self, channel, message):
+        raise AssertionError(f"sent through the channel layer to {channel}")
+
+
+async def test_the_sink_hands_an_in_process_reply_channel_its_batch_directly():
+    layer = _RefusingLayer()
+    reply = await reply_channel_get(layer)
+    first = JobRun(reply=reply, request_id="req-p", model="m")
+    second = JobRun(reply=reply, request_id="req-q", model="m")
+    sink = EventSink(layer, loop=asyncio.get_running_loop())
+    await asyncio.to_thread(sink.send_many, [(reply.name, delta("req-p", "a")), (reply.name, delta("req-q", "b"))])
+    await asyncio.to_thread(sink.send_many, [(reply.name, delta("req-p", "c")), (reply.name, done("req-p", 2)),
+                                              (reply.name, done("req-q", 1))])
+    assert await asyncio.to_thread(sink.flush, 5.0)
+    p_events, q_events = await asyncio.gather(read_all(first), read_all(second))
+    assert [e.get("text") for e in p_events] == ["a", "c", None]
+    assert [e.get("text") for e in q_events] == ["b", None]
+    sink.close()
+
+
+async def test_send_many_with_a_wait_returns_once_the_events_are_delivered():
+    reply = await reply_channel_get(InMemoryChannelLayer())
+    run = JobRun(reply=reply, request_id="req-w", model="m")
+    sink = EventSink(reply.layer, loop=asyncio.get_running_loop())
+
+    def engine_thread() -> int:
+        sink.send_many([(reply.name, delta("req-w", "first"))], wait_s=5.0)
+        return run._mailbox.qsize()  # read right after the call returned, from the engine's thread
+
+    assert await asyncio.to_thread(engine_thread) == 1
+    assert (await run.next_event(1))["text"] == "first"
+    run.release()
+    sink.close()
