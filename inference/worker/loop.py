@@ -39,6 +39,10 @@ from .reaper import dead_workers_reap, reap_result_finish
 
 logger = logging.getLogger(__name__)
 
+# A step that carries first tokens waits (at most this long) until its events are sent, so the
+# sending thread need not wait for the GIL through the next step's Python (EventSink.send_many).
+FIRST_TOKEN_SEND_WAIT_S = 0.002
+
 
 def default_worker_id(model: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{model}:{os.urandom(3).hex()}"
@@ -357,7 +361,7 @@ class WorkerLoop:
                 logger.exception("handling output of %s failed", output.request_id)
                 self._engine_abort(output.request_id)
                 self._fail(output.request_id, f"Worker error: {exc}")
-        self.sink.send_many(firsts + deltas)
+        self.sink.send_many(firsts + deltas, wait_s=FIRST_TOKEN_SEND_WAIT_S if firsts else 0.0)
         if not finished:
             return
         dones: list[tuple[str, dict]] = []

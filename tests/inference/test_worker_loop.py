@@ -426,3 +426,30 @@ def test_a_new_requests_first_token_leads_its_steps_batch(engine, harness_factor
             break
     assert running.request_id in ids  # the step that produced the first token also decoded the other
     assert ids[0] == newcomer.request_id
+
+
+def test_steps_with_first_tokens_wait_until_their_events_are_sent(engine, harness_factory, tenant_factory):
+    """The engine thread waits (bounded) for the sink only when a step carries a first token."""
+    from inference.worker.loop import FIRST_TOKEN_SEND_WAIT_S
+
+    tenant = tenant_factory()
+    harness = harness_factory()
+    calls: list[tuple[bool, float]] = []
+    send_many = harness.sink.send_many
+
+    def recording(items, *, wait_s=0.0):
+        has_first = any(event.get("type") == "engine.delta" and event["request_id"] not in seen for _c, event in items)
+        seen.update(event["request_id"] for _c, event in items if event.get("type") == "engine.delta")
+        calls.append((has_first, wait_s))
+        send_many(items, wait_s=wait_s)
+
+    seen: set[str] = set()
+    harness.sink.send_many = recording
+    channel = f"reply.{uuid.uuid4().hex}"
+    job = chat_job(engine, tenant, "Count to ten.", channel=channel, max_tokens=5, ignore_eos=True)
+    harness.queue.enqueue(job)
+    deltas, done = harness.collect(channel)
+    assert len(deltas) == 5 and done["finish_reason"] == "length"
+    delta_calls = [call for call in calls if call[0] or call[1]]
+    assert delta_calls[0] == (True, FIRST_TOKEN_SEND_WAIT_S)
+    assert all(wait == 0.0 for has_first, wait in calls if not has_first)
