@@ -9,6 +9,13 @@ off). What stays per request: the secret is still checked against the row's
 digest in constant time, and expiry against the clock, on every request;
 unknown prefixes are never cached.
 
+Refresh ahead: a row read again in the second half of its TTL is reloaded in
+the background (`refresh_due`), so a key in steady use never waits for the
+database on the request path, while no row is ever served more than the TTL
+after it was read. A reload that began before the cache was emptied is
+discarded (`generation`), so it cannot bring back a row that a revocation
+in this process just dropped.
+
 Freshness: any save or delete of an ApiKey, Tenant or Tier in this process
 (revoking through `api_key_revoke`, the admin's suspend/change-tier actions,
 the keys API) empties the cache at once, so in one process a revoked key or a
@@ -25,11 +32,19 @@ from django.conf import settings
 
 DEFAULT_TTL_S = 2.0
 
-_entries: dict[str, tuple[float, object]] = {}  # prefix -> (monotonic expiry, ApiKey with tenant__tier)
+# prefix -> (monotonic time a reload is due, monotonic expiry, ApiKey with tenant__tier)
+_entries: dict[str, tuple[float, float, object]] = {}
+_refreshing: set[str] = set()  # prefixes being reloaded in the background
+_generation = 0  # bumped by every clear
 
 
 def ttl_s() -> float:
     return float(getattr(settings, "API_KEY_CACHE_TTL_S", DEFAULT_TTL_S))
+
+
+def generation() -> int:
+    """Take it before reading a row from the database; pass it to `cached_key_put`."""
+    return _generation
 
 
 def cached_key_get(prefix: str):
@@ -37,20 +52,44 @@ def cached_key_get(prefix: str):
     entry = _entries.get(prefix)
     if entry is None:
         return None
-    if entry[0] <= time.monotonic():
+    if entry[1] <= time.monotonic():
         _entries.pop(prefix, None)
         return None
-    return entry[1]
+    return entry[2]
 
 
-def cached_key_put(prefix: str, api_key) -> None:
+def refresh_due(prefix: str) -> bool:
+    """True once per reload: the row is in the second half of its TTL and nobody reloads it yet."""
+    entry = _entries.get(prefix)
+    if entry is None or prefix in _refreshing or entry[0] > time.monotonic():
+        return False
+    _refreshing.add(prefix)
+    return True
+
+
+def cached_key_put(prefix: str, api_key, *, read_generation: int | None = None) -> None:
+    """Cache a row read from the database (dropped if the cache was emptied since `read_generation`)."""
     ttl = ttl_s()
-    if ttl > 0:
-        _entries[prefix] = (time.monotonic() + ttl, api_key)
+    if ttl <= 0 or (read_generation is not None and read_generation != _generation):
+        return
+    now = time.monotonic()
+    _entries[prefix] = (now + ttl / 2, now + ttl, api_key)
+
+
+def reload_done(prefix: str, api_key, *, read_generation: int) -> None:
+    """A background reload's result: the fresh row, or None when the key is gone."""
+    _refreshing.discard(prefix)
+    if api_key is None:
+        if read_generation == _generation:
+            _entries.pop(prefix, None)
+        return
+    cached_key_put(prefix, api_key, read_generation=read_generation)
 
 
 def api_key_cache_clear(**_signal_kwargs) -> None:
     """Forget every cached row (connected to post_save/post_delete of ApiKey, Tenant and Tier)."""
+    global _generation
+    _generation += 1
     _entries.clear()
 
 

@@ -17,8 +17,10 @@ the UPDATE itself is conditional, so concurrent requests do not pile up writes.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import string
@@ -32,7 +34,10 @@ from django.utils import timezone
 
 from inference.errors import AuthenticationError, InvalidRequest, PermissionDenied
 from tenants.models import ApiKey, Tenant, Tier
+from tenants.services import api_key_cache
 from tenants.services.api_key_cache import api_key_cache_clear, cached_key_get, cached_key_put
+
+logger = logging.getLogger(__name__)
 
 KEY_SCHEME = "sk"
 PUBLIC_ID_ALPHABET = string.ascii_lowercase + string.digits
@@ -242,15 +247,35 @@ def api_key_verify(*, key: str) -> AuthContext:
     return context
 
 
+_reloads: set = set()  # background reloads in flight (a task needs a strong reference)
+
+
+async def _key_reload(prefix: str) -> None:
+    """Reload a cached key row off the request path (api_key_cache: refresh ahead)."""
+    read_generation = api_key_cache.generation()
+    try:
+        row = await _lookup_queryset().filter(prefix=prefix).afirst()
+    except Exception:  # noqa: BLE001 - the row expires at its TTL and the next request reads it
+        logger.warning("reloading API key %s failed", prefix, exc_info=True)
+        api_key_cache.reload_done(prefix, None, read_generation=-1)
+        return
+    api_key_cache.reload_done(prefix, row, read_generation=read_generation)
+
+
 async def aapi_key_verify(*, key: str) -> AuthContext:
     """api_key_verify for the event loop, with the row cached briefly (see api_key_cache)."""
     prefix, secret = _parse_or_401(key)
     now = _now()
     row = cached_key_get(prefix)
     if row is None:
+        read_generation = api_key_cache.generation()
         row = await _lookup_queryset().filter(prefix=prefix).afirst()
         if row is not None:
-            cached_key_put(prefix, row)
+            cached_key_put(prefix, row, read_generation=read_generation)
+    elif api_key_cache.refresh_due(prefix):
+        task = asyncio.get_running_loop().create_task(_key_reload(prefix))
+        _reloads.add(task)
+        task.add_done_callback(_reloads.discard)
     context = _check(row, secret, now)
     pending = _touch_filter(context.api_key, now)
     if pending is not None:

@@ -96,3 +96,58 @@ async def test_ttl_zero_turns_the_cache_off(new_key, settings):
     await aapi_key_authenticate(authorization=_bearer(new_key.key))
     prefix, _ = api_key_parse(key=new_key.key)
     assert cached_key_get(prefix) is None
+
+
+async def _reloads_finish() -> None:
+    while svc._reloads:
+        await asyncio.gather(*list(svc._reloads))
+
+
+async def test_a_key_in_steady_use_is_reloaded_ahead_and_never_waits_for_the_database(new_key, settings):
+    """In the second half of its TTL a hit starts one background reload; a revocation made elsewhere
+    (no signal here) is seen after it, and the request that started it did not wait for it."""
+    settings.API_KEY_CACHE_TTL_S = 0.4
+    prefix, _ = api_key_parse(key=new_key.key)
+    await aapi_key_authenticate(authorization=_bearer(new_key.key))
+    first_row = cached_key_get(prefix)
+    await aapi_key_authenticate(authorization=_bearer(new_key.key))  # first half: no reload
+    assert not svc._reloads
+    await sync_to_async(ApiKey.objects.filter(pk=new_key.api_key.pk).update)(revoked_at=timezone.now())
+    await asyncio.sleep(0.25)
+    await aapi_key_authenticate(authorization=_bearer(new_key.key))  # served from the cache, reload started
+    assert len(svc._reloads) == 1
+    await aapi_key_authenticate(authorization=_bearer(new_key.key))  # one reload at a time
+    assert len(svc._reloads) == 1
+    await _reloads_finish()
+    assert cached_key_get(prefix) is not first_row
+    with pytest.raises(AuthenticationError, match="revoked"):
+        await aapi_key_authenticate(authorization=_bearer(new_key.key))
+
+
+async def test_a_reload_that_raced_a_clear_is_dropped(new_key, settings):
+    """A row read before this process emptied the cache (e.g. revoked it) must not come back."""
+    from tenants.services import api_key_cache
+
+    settings.API_KEY_CACHE_TTL_S = 10
+    prefix, _ = api_key_parse(key=new_key.key)
+    await aapi_key_authenticate(authorization=_bearer(new_key.key))
+    row = cached_key_get(prefix)
+    read_generation = api_key_cache.generation()  # a reload reads the row now...
+    api_key_cache.api_key_cache_clear()  # ...the key is revoked in this process meanwhile...
+    api_key_cache.reload_done(prefix, row, read_generation=read_generation)  # ...and the old row arrives
+    assert cached_key_get(prefix) is None
+    api_key_cache.cached_key_put(prefix, row, read_generation=read_generation)
+    assert cached_key_get(prefix) is None
+    api_key_cache.reload_done(prefix, row, read_generation=api_key_cache.generation())
+    assert cached_key_get(prefix) is row
+
+
+async def test_a_reload_that_finds_no_row_forgets_the_key(new_key, settings):
+    """A key deleted elsewhere: the background reload finds nothing, and the next request reads again."""
+    from tenants.services import api_key_cache
+
+    settings.API_KEY_CACHE_TTL_S = 10
+    prefix, _ = api_key_parse(key=new_key.key)
+    await aapi_key_authenticate(authorization=_bearer(new_key.key))
+    api_key_cache.reload_done(prefix, None, read_generation=api_key_cache.generation())
+    assert cached_key_get(prefix) is None
