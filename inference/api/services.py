@@ -9,6 +9,7 @@ share both.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from inference.api.model_access import ModelInfo, amodel_info_get, context_limit
 from inference.api.schemas import CHAT, ApiRequest
 from inference.errors import ApiError, InvalidRequest, ServiceUnavailable
 
+logger = logging.getLogger(__name__)
+
 # Prompts longer than this many characters are tokenised off the event loop.
 INLINE_TOKENIZE_CHARS = 8192
 INFERENCE_SCOPE = "inference"
@@ -27,6 +30,7 @@ LIVE_WORKERS_TTL_S = 1.0
 
 _tokenizers_loaded: set[str] = set()
 _live_until: dict[str, float] = {}  # model -> monotonic time until which a worker is known alive
+_live_rechecks: dict[str, asyncio.Task] = {}  # model -> a background re-check in flight
 
 
 @dataclass(slots=True)
@@ -204,25 +208,47 @@ async def _capacity_check(model: str) -> None:
         except Exception as exc:
             raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
         return
+    # Heartbeats come every second; trusting a positive answer for one more
+    # second spares a Redis round trip per request, and re-checking in the
+    # background during that second's second half keeps it off the request
+    # path while requests keep coming. A request that slips in after the last
+    # worker died waits on the queue, and JobRun's idle liveness check ends it
+    # with a 503.
     now = time.monotonic()
-    if _live_until.get(model, 0.0) > now:
+    until = _live_until.get(model, 0.0)
+    if until > now:
+        recheck = _live_rechecks.get(model)
+        if until - now < LIVE_WORKERS_TTL_S / 2 and (recheck is None or recheck.done()):
+            _live_rechecks[model] = asyncio.get_running_loop().create_task(_live_workers_recheck(model))
         return
-    from inference.queue import get_job_queue
-
-    workers = await asyncio.to_thread(get_job_queue().live_workers, model)
-    if workers:
-        # Heartbeats come every second; trusting a positive answer for one more
-        # second spares a Redis round trip per request. A request that slips in
-        # after the last worker died waits on the queue, and JobRun's idle
-        # liveness check ends it with a 503.
-        _live_until[model] = now + LIVE_WORKERS_TTL_S
+    if await _live_workers_check(model):
         return
-    _live_until.pop(model, None)
     raise ServiceUnavailable(
         f"No worker is serving the model `{model}` right now. Please retry later.",
         code="no_worker",
         headers={"Retry-After": "5"},
     )
+
+
+async def _live_workers_check(model: str) -> bool:
+    """Ask the queue whether a worker serves `model`; remember a yes for LIVE_WORKERS_TTL_S."""
+    from inference.queue import get_job_queue
+
+    workers = await asyncio.to_thread(get_job_queue().live_workers, model)
+    if workers:
+        _live_until[model] = time.monotonic() + LIVE_WORKERS_TTL_S
+    else:
+        _live_until.pop(model, None)
+    return bool(workers)
+
+
+async def _live_workers_recheck(model: str) -> None:
+    try:
+        await _live_workers_check(model)
+    except Exception:  # noqa: BLE001 - the answer expires and the next request asks again
+        logger.warning("re-checking the workers of %s failed", model, exc_info=True)
+    finally:
+        _live_rechecks.pop(model, None)
 
 
 async def ajob_submit(*, prepared: PreparedRequest):
@@ -240,10 +266,7 @@ async def ajob_submit(*, prepared: PreparedRequest):
     run = JobRun(reply=reply, request_id=prepared.request_id, model=prepared.model.name)
     queue = get_job_queue()
     try:
-        if settings.EMBEDDED_WORKER:
-            queue.enqueue(job)  # in-process: a lock and a notify
-        else:
-            await asyncio.to_thread(queue.enqueue, job)
+        await queue.aenqueue(job)  # in-process: a lock and a notify; Redis: an asyncio client
     except QueueFull as exc:
         run.release()
         raise ServiceUnavailable(

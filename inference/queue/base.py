@@ -30,6 +30,7 @@ tiers, round-robin across tenants inside a tier.
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,10 @@ class JobQueue(abc.ABC):
     def enqueue(self, job: Job) -> None:
         """Queue `job` at the tail of its tenant's sub-queue. Raises QueueFull,
         or ValueError when a job with this request_id is already known."""
+
+    async def aenqueue(self, job: Job) -> None:
+        """`enqueue` for the event loop (default: in a thread; backends may do better)."""
+        await asyncio.to_thread(self.enqueue, job)
 
     @abc.abstractmethod
     def cancel(self, request_id: str) -> str:

@@ -59,6 +59,9 @@ class MemoryJobQueue(JobQueue):
             ring.push(job.tenant_key, job.request_id)
             self._work.notify()
 
+    async def aenqueue(self, job: Job) -> None:
+        self.enqueue(job)  # a lock and a notify: no need to leave the loop
+
     def cancel(self, request_id: str) -> str:
         with self._work:
             job = self._queued.pop(request_id, None)

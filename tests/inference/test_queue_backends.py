@@ -84,6 +84,20 @@ def test_bounded_queue_raises_queue_full(queue_factory):
     queue.enqueue(make_job())  # room again
 
 
+async def test_aenqueue_is_enqueue_on_the_event_loop(queue_factory):
+    """The web side's enqueue: same queue state, same refusals (Redis: through an asyncio client)."""
+    queue = queue_factory(max_depth=2)
+    first = make_job(request_id="a-1")
+    await queue.aenqueue(first)
+    with pytest.raises(ValueError):
+        await queue.aenqueue(make_job(request_id="a-1"))
+    await queue.aenqueue(make_job(request_id="a-2"))
+    with pytest.raises(QueueFull):
+        await queue.aenqueue(make_job(request_id="a-3"))
+    assert queue.depths("m") == {first.tier: 2}
+    assert [j.request_id for j in queue.lease("w1", "m", 5)] == ["a-1", "a-2"]
+
+
 def test_round_robin_across_tenants_in_a_tier(queue_factory):
     queue = queue_factory()
     for _ in range(6):
