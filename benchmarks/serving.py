@@ -26,6 +26,12 @@ Gateway overhead, two ways, both from this one run:
   competes with the engine for cores.
 Throughput: output tok/s of each phase and their ratio.
 
+Client floor (after phase 1, unless --floor-requests 0): the same SDK client,
+one request at a time, against a null SSE server in this process that answers
+at once. Its TTFT is what the client's own work (building the request, parsing
+the chunk) and loopback HTTP cost on this machine: a floor under the paired
+overhead of any gateway, ours or another.
+
 Everything runs on this machine (client, server, engine): the client's own
 CPU use is part of the API phase's cost here, as it would not be on separate
 machines.
@@ -143,6 +149,57 @@ async def api_phase(args, prompts) -> tuple[list[RequestStats], float]:
     return results, wall
 
 
+# ---------------------------------------------------------------- the client's own floor
+async def _null_sse_server(reader, writer) -> None:
+    """Answers every chat request at once with a role chunk, one content chunk, [DONE] (HTTP/1.1 keep-alive)."""
+    chunk = {"id": "chatcmpl-floor", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+             "choices": [{"index": 0, "delta": {"content": "hi"}, "logprobs": None, "finish_reason": None}]}
+    role = {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}]}
+    events = [f"data: {json.dumps(c)}\n\n".encode() for c in (role, chunk)] + [b"data: [DONE]\n\n"]
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + body)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+
+async def floor_phase(args, prompts) -> dict:
+    """TTFT of the same SDK client, one request at a time, against a server that answers at once.
+
+    What is left is the client's own work (the SDK building the request,
+    parsing the chunk) plus HTTP over loopback: a floor under any gateway's
+    paired overhead on this machine, measured in the same run.
+    """
+    import openai
+
+    server = await asyncio.start_server(_null_sse_server, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-floor", max_retries=0, timeout=60)
+    ttfts = []
+    for index in range(args.warmup + args.floor_requests):
+        messages = prompts[index % len(prompts)]
+        sent = time.perf_counter()
+        stream = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=args.max_tokens,
+                                                      temperature=0.8, stream=True)
+        first = None
+        async for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - sent
+        if index >= args.warmup:
+            ttfts.append(first)
+    await client.close()
+    server.close()
+    await server.wait_closed()
+    return {"requests": len(ttfts), "ttft_p50_ms": ms(pct(ttfts, 50)), "ttft_p99_ms": ms(pct(ttfts, 99))}
+
+
 # ---------------------------------------------------------------- phase 2: the engine alone
 def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
     from inference.engine import Engine, EngineConfig, SamplingParams
@@ -247,6 +304,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", help="phase 2: match the server's ENGINE_DTYPE")
     parser.add_argument("--kv-cache-mb", type=int, default=512, help="phase 2: match ENGINE_KV_CACHE_MB")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="phase 2: match ENGINE_MAX_NUM_SEQS")
+    parser.add_argument("--floor-requests", type=int, default=64,
+                        help="requests against the in-process null server (the client's floor); 0 skips it")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with every figure")
     args = parser.parse_args()
     if not args.key:
@@ -256,6 +315,7 @@ def main() -> None:
 
     api_results, api_wall = asyncio.run(api_phase(args, prompts))
     api_sum = summary(api_results, api_wall)
+    floor = asyncio.run(floor_phase(args, prompts)) if args.floor_requests > 0 else None
     engine_sum = None
     if not args.no_engine:
         engine_results, engine_wall = engine_phase(args, prompts)
@@ -264,8 +324,9 @@ def main() -> None:
         "config": {k: getattr(args, k) for k in ("url", "concurrency", "requests", "prompt_words", "max_tokens",
                                                  "jitter", "ramp_s", "dtype", "threads")},
         "machine": machine(), "api": api_sum, "engine_alone": engine_sum, "gateway": gateway(api_results, api_sum, engine_sum),
+        "client_floor": floor,
     }
-    for section in ("api", "engine_alone", "gateway"):
+    for section in ("api", "engine_alone", "gateway", "client_floor"):
         if report[section]:
             print(f"{section:13s} " + "  ".join(f"{k}={v}" for k, v in report[section].items()))
     if args.json:
