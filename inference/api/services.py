@@ -266,7 +266,7 @@ async def ajob_submit(*, prepared: PreparedRequest):
     run = JobRun(reply=reply, request_id=prepared.request_id, model=prepared.model.name)
     queue = get_job_queue()
     try:
-        await queue.aenqueue(job)  # in-process: a lock and a notify; Redis: an asyncio client
+        await queue.aenqueue(job)  # in-process: a lock and a notify; Redis: the script, from a thread
     except QueueFull as exc:
         run.release()
         raise ServiceUnavailable(

@@ -113,18 +113,17 @@ class _Drain:
 
     def _deliver_local(self, batch: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
         """Hand the batches of this loop's in-process reply channels over now; the rest is sent."""
-        local: dict[str, list[dict]] = {}
+        local: dict[str, tuple[Any, list[dict]]] = {}
         rest: list[tuple[str, dict]] = []
         for channel, event in batch:
             receiver = _local_receivers.get(channel)
             if receiver is not None and receiver.loop is self.loop:
-                local.setdefault(channel, []).append(event)
+                local.setdefault(channel, (receiver, []))[1].append(event)
             else:
                 rest.append((channel, event))
         count = 0
-        for channel, events in local.items():
+        for channel, (receiver, events) in local.items():
             count += len(events)
-            receiver = _local_receivers.get(channel)
             try:
                 receiver.deliver(events_message(events))
             except Exception:  # noqa: BLE001 - one broken reader must not stop the others
