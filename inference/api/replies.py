@@ -84,9 +84,6 @@ class Mailbox:
     def empty(self) -> bool:
         return not self._events
 
-    def qsize(self) -> int:
-        return len(self._events)
-
     async def wait(self, timeout: float | None) -> bool:
         """Wait until an event is there (True) or `timeout` seconds pass (False).
 
