@@ -42,7 +42,8 @@ class ApiASGIHandler(ASGIHandler):
     per-thread: every request opened a new PostgreSQL connection (4 ms of a
     5.6 ms key check, measured). These endpoints make a few short autocommit
     queries and keep no thread-local state, so their sync calls share asgiref's
-    process-wide thread, whose connection lives for DB_CONN_MAX_AGE.
+    process-wide thread, whose connection goes back to the pool (PostgreSQL,
+    settings.DB_POOL) or is closed at each request's end.
     """
 
     async def __call__(self, scope, receive, send):
