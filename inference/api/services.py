@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 INLINE_TOKENIZE_CHARS = 8192
 INFERENCE_SCOPE = "inference"
 
-LIVE_WORKERS_TTL_S = 1.0
+LIVE_WORKERS_TTL_S = 2.0  # how long a "yes, a worker serves this model" is trusted
+LIVE_WORKERS_RECHECK_S = 0.25  # a request after a yes this old re-checks it in the background
 
 _tokenizers_loaded: set[str] = set()
 _live_until: dict[str, float] = {}  # model -> monotonic time until which a worker is known alive
@@ -208,17 +209,18 @@ async def _capacity_check(model: str) -> None:
         except Exception as exc:
             raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
         return
-    # Heartbeats come every second; trusting a positive answer for one more
-    # second spares a Redis round trip per request, and re-checking in the
-    # background during that second's second half keeps it off the request
-    # path while requests keep coming. A request that slips in after the last
-    # worker died waits on the queue, and JobRun's idle liveness check ends it
-    # with a 503.
+    # Heartbeats come every second; trusting a positive answer for two more
+    # seconds spares a Redis round trip per request, and a request that finds
+    # the answer older than a quarter second re-checks it in the background, so
+    # while requests keep coming none of them waits for Redis here (at ~1
+    # request/s, a 1 s answer re-checked in its second half had expired before
+    # a third of them). A request that slips in after the last worker died
+    # waits on the queue, and JobRun's idle liveness check ends it with a 503.
     now = time.monotonic()
     until = _live_until.get(model, 0.0)
     if until > now:
         recheck = _live_rechecks.get(model)
-        if until - now < LIVE_WORKERS_TTL_S / 2 and (recheck is None or recheck.done()):
+        if until - now < LIVE_WORKERS_TTL_S - LIVE_WORKERS_RECHECK_S and (recheck is None or recheck.done()):
             _live_rechecks[model] = asyncio.get_running_loop().create_task(_live_workers_recheck(model))
         return
     if await _live_workers_check(model):

@@ -26,6 +26,7 @@ def queue(monkeypatch, settings):
     fake = FakeQueue()
     monkeypatch.setattr("inference.queue.get_job_queue", lambda: fake)
     monkeypatch.setattr(services, "LIVE_WORKERS_TTL_S", 0.2)
+    monkeypatch.setattr(services, "LIVE_WORKERS_RECHECK_S", 0.1)
     services._live_until.clear()
     services._live_rechecks.clear()
     yield fake
@@ -36,11 +37,11 @@ def queue(monkeypatch, settings):
 async def test_a_yes_is_trusted_then_rechecked_off_the_request_path(queue):
     await services._capacity_check("m")  # nothing known: asked on the request path
     assert queue.asked == 1
-    await services._capacity_check("m")  # first half of the answer's life: nothing asked
+    await services._capacity_check("m")  # younger than the re-check age: nothing asked
     assert queue.asked == 1
     await asyncio.sleep(0.12)
     queue.workers = []  # the last worker dies
-    await services._capacity_check("m")  # second half: answered from memory, one re-check started
+    await services._capacity_check("m")  # older: answered from memory, one re-check started
     await services._capacity_check("m")
     recheck = services._live_rechecks["m"]
     await recheck
