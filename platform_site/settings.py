@@ -36,6 +36,7 @@ if not SECRET_KEY:
 API_KEY_PEPPER = os.environ.get("API_KEY_PEPPER", "") or ("dev-pepper:" + SECRET_KEY)
 # Seconds the completion endpoints keep a verified key's row (tenants.services.api_key_cache); 0: off.
 API_KEY_CACHE_TTL_S = float(os.environ.get("API_KEY_CACHE_TTL_S", "2"))
+API_KEY_CACHE_KEEP_WARM_S = float(os.environ.get("API_KEY_CACHE_KEEP_WARM_S", "30"))
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
 

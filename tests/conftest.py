@@ -88,6 +88,13 @@ def bearer(key: str) -> dict:
 
 
 @pytest.fixture(autouse=True)
+def _api_key_cache_not_kept_warm(settings):
+    """No keep-warm task outliving a test's event loop (tests/tenants/test_api_key_cache.py turns it on;
+    the end-to-end servers run it as deployed)."""
+    settings.API_KEY_CACHE_KEEP_WARM_S = 0
+
+
+@pytest.fixture(autouse=True)
 def _api_key_cache_empty():
     """Each test starts with an empty verified-key cache (tenants.services.api_key_cache), if loaded."""
     import sys

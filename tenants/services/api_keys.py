@@ -247,19 +247,43 @@ def api_key_verify(*, key: str) -> AuthContext:
     return context
 
 
-_reloads: set = set()  # background reloads in flight (a task needs a strong reference)
+_KEEP_WARM_BATCH = 500
+_keeper: asyncio.Task | None = None  # the keep-warm task of this process's event loop
 
 
-async def _key_reload(prefix: str) -> None:
-    """Reload a cached key row off the request path (api_key_cache: refresh ahead)."""
-    read_generation = api_key_cache.generation()
-    try:
-        row = await _lookup_queryset().filter(prefix=prefix).afirst()
-    except Exception:  # noqa: BLE001 - the row expires at its TTL and the next request reads it
-        logger.warning("reloading API key %s failed", prefix, exc_info=True)
-        api_key_cache.reload_done(prefix, None, read_generation=-1)
+async def _keep_warm() -> None:
+    """Reload the keys in use every half TTL, in one query (api_key_cache: kept warm).
+
+    Ends when no key was used for API_KEY_CACHE_KEEP_WARM_S; the next request starts it again.
+    """
+    while True:
+        ttl, keep = api_key_cache.ttl_s(), api_key_cache.keep_warm_s()
+        if ttl <= 0 or keep <= 0:
+            return
+        await asyncio.sleep(ttl / 2)
+        prefixes = api_key_cache.in_use(keep)
+        if not prefixes:
+            return
+        read_generation = api_key_cache.generation()
+        try:
+            rows = {}
+            for start in range(0, len(prefixes), _KEEP_WARM_BATCH):  # SQLite caps the parameters of a query
+                batch = prefixes[start:start + _KEEP_WARM_BATCH]
+                rows.update({row.prefix: row async for row in _lookup_queryset().filter(prefix__in=batch)})
+        except Exception:  # noqa: BLE001 - the rows expire at their TTL and the next requests read them
+            logger.warning("reloading %d cached API keys failed", len(prefixes), exc_info=True)
+            continue
+        for prefix in prefixes:
+            api_key_cache.reload_done(prefix, rows.get(prefix), read_generation=read_generation)
+
+
+def _keeper_ensure() -> None:
+    global _keeper
+    if api_key_cache.keep_warm_s() <= 0 or api_key_cache.ttl_s() <= 0:
         return
-    api_key_cache.reload_done(prefix, row, read_generation=read_generation)
+    loop = asyncio.get_running_loop()
+    if _keeper is None or _keeper.done() or _keeper.get_loop() is not loop:
+        _keeper = loop.create_task(_keep_warm(), name="api-key-cache keep-warm")
 
 
 async def aapi_key_verify(*, key: str) -> AuthContext:
@@ -272,10 +296,7 @@ async def aapi_key_verify(*, key: str) -> AuthContext:
         row = await _lookup_queryset().filter(prefix=prefix).afirst()
         if row is not None:
             cached_key_put(prefix, row, read_generation=read_generation)
-    elif api_key_cache.refresh_due(prefix):
-        task = asyncio.get_running_loop().create_task(_key_reload(prefix))
-        _reloads.add(task)
-        task.add_done_callback(_reloads.discard)
+            _keeper_ensure()
     context = _check(row, secret, now)
     pending = _touch_filter(context.api_key, now)
     if pending is not None:

@@ -1,6 +1,7 @@
 """The verified-key cache of the async (completion endpoints') path: fewer queries, same refusals."""
 
 import asyncio
+import contextlib
 from datetime import timedelta
 
 import pytest
@@ -98,30 +99,61 @@ async def test_ttl_zero_turns_the_cache_off(new_key, settings):
     assert cached_key_get(prefix) is None
 
 
-async def _reloads_finish() -> None:
-    while svc._reloads:
-        await asyncio.gather(*list(svc._reloads))
+@pytest.fixture
+async def keep_warm(settings):
+    """The keep-warm task on (tests/conftest.py turns it off elsewhere), stopped after the test."""
+    settings.API_KEY_CACHE_KEEP_WARM_S = 5
+    yield
+    keeper = svc._keeper
+    if keeper is not None and not keeper.done():
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
 
 
-async def test_a_key_in_steady_use_is_reloaded_ahead_and_never_waits_for_the_database(new_key, settings):
-    """In the second half of its TTL a hit starts one background reload; a revocation made elsewhere
-    (no signal here) is seen after it, and the request that started it did not wait for it."""
+async def test_keys_in_use_are_reloaded_ahead_so_none_expires_while_used(new_key, api_key_factory, settings, keep_warm):
+    """Every half TTL the keys used lately are reloaded (one query): a revocation made elsewhere (no
+    signal here) shows within the TTL, and a key whose requests come further apart than the TTL
+    still never waits for the database."""
     settings.API_KEY_CACHE_TTL_S = 0.4
+    other = await sync_to_async(api_key_factory)()
     prefix, _ = api_key_parse(key=new_key.key)
-    await aapi_key_authenticate(authorization=_bearer(new_key.key))
+    other_prefix, _ = api_key_parse(key=other.key)
+    await aapi_key_authenticate(authorization=_bearer(new_key.key))  # read, cached; the keeper starts
+    await aapi_key_authenticate(authorization=_bearer(other.key))
+    keeper = svc._keeper
+    assert keeper is not None and not keeper.done()
     first_row = cached_key_get(prefix)
-    await aapi_key_authenticate(authorization=_bearer(new_key.key))  # first half: no reload
-    assert not svc._reloads
     await sync_to_async(ApiKey.objects.filter(pk=new_key.api_key.pk).update)(revoked_at=timezone.now())
-    await asyncio.sleep(0.25)
-    await aapi_key_authenticate(authorization=_bearer(new_key.key))  # served from the cache, reload started
-    assert len(svc._reloads) == 1
-    await aapi_key_authenticate(authorization=_bearer(new_key.key))  # one reload at a time
-    assert len(svc._reloads) == 1
-    await _reloads_finish()
+    await asyncio.sleep(0.7)  # past the TTL of the first read, without a request: reloaded meanwhile
+    assert svc._keeper is keeper
+
+    def no_lookup():
+        raise AssertionError("a key in use should not be read on the request path")
+
+    real_lookup = svc._lookup_queryset
+    svc._lookup_queryset = no_lookup
+    try:
+        with pytest.raises(AuthenticationError, match="revoked"):  # the reloaded row, from the cache
+            await aapi_key_authenticate(authorization=_bearer(new_key.key))
+        context = await aapi_key_authenticate(authorization=_bearer(other.key))
+    finally:
+        svc._lookup_queryset = real_lookup
+    assert context.api_key.pk == other.api_key.pk
     assert cached_key_get(prefix) is not first_row
-    with pytest.raises(AuthenticationError, match="revoked"):
-        await aapi_key_authenticate(authorization=_bearer(new_key.key))
+
+
+async def test_the_keeper_stops_once_no_key_is_in_use(new_key, settings, keep_warm):
+    settings.API_KEY_CACHE_TTL_S = 0.2
+    settings.API_KEY_CACHE_KEEP_WARM_S = 0.15
+    await aapi_key_authenticate(authorization=_bearer(new_key.key))
+    keeper = svc._keeper
+    await asyncio.wait_for(keeper, 2)  # ends by itself
+    prefix, _ = api_key_parse(key=new_key.key)
+    await asyncio.sleep(0.25)
+    assert cached_key_get(prefix) is None  # no longer kept: expired at its TTL
+    await aapi_key_authenticate(authorization=_bearer(new_key.key))  # the next read starts a new one
+    assert svc._keeper is not keeper and not svc._keeper.done()
 
 
 async def test_a_reload_that_raced_a_clear_is_dropped(new_key, settings):
@@ -138,8 +170,10 @@ async def test_a_reload_that_raced_a_clear_is_dropped(new_key, settings):
     assert cached_key_get(prefix) is None
     api_key_cache.cached_key_put(prefix, row, read_generation=read_generation)
     assert cached_key_get(prefix) is None
-    api_key_cache.reload_done(prefix, row, read_generation=api_key_cache.generation())
-    assert cached_key_get(prefix) is row
+    api_key_cache.cached_key_put(prefix, row, read_generation=api_key_cache.generation())  # a request reads it
+    fresh = object()
+    api_key_cache.reload_done(prefix, fresh, read_generation=api_key_cache.generation())
+    assert cached_key_get(prefix) is fresh
 
 
 async def test_a_reload_that_finds_no_row_forgets_the_key(new_key, settings):
