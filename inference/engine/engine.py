@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -134,7 +135,14 @@ class Engine:
         return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._deferred)
 
     # ---- one iteration ------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, *, on_first_tokens: Callable[[list[str]], None] | None = None) -> list[RequestOutput]:
+        """One iteration: schedule, run the model, sample; the outputs of this step (or, with
+        async_output, of the previous one).
+
+        `on_first_tokens`, if given, is called after scheduling and before the model runs with the
+        ids of the requests whose first token this step samples (a worker marks them started in
+        its queue while the model computes).
+        """
         outputs, self._pending = self._pending, []
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
@@ -145,6 +153,11 @@ class Engine:
                 outputs += self._emit_deferred()
                 self.timers["output_s"] += time.perf_counter() - t1
             return outputs
+        if on_first_tokens is not None:
+            firsts = [seq.request_id for seq, n in zip(batch.seqs, batch.num_new_tokens)
+                      if not seq.output_token_ids and seq.num_computed_tokens + n == len(seq.token_ids)]
+            if firsts:
+                on_first_tokens(firsts)
         inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens)
         t1b = time.perf_counter()
         seqs, logits = self.runner.run(*inputs)

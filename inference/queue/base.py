@@ -5,7 +5,8 @@ A job moves through three states:
   queued  - on its (model, tier) queue, in its tenant's FIFO sub-queue;
   leased  - taken by one worker (`lease`), which owns it until `complete`.
             A lease carries a `started` flag, set (`mark_started`) before the
-            worker sends the job's first event to the client;
+            worker sends the job's first event to the client (on a remote
+            queue, while the engine step that samples that event runs);
   gone    - completed, dropped by `cancel` while queued, or failed by the reaper.
 
 Workers prove they are alive with `heartbeat` (stored with a TTL of
@@ -54,6 +55,7 @@ class ReapResult:
 
 class JobQueue(abc.ABC):
     heartbeat_timeout: float  # seconds without a heartbeat before a worker counts as dead
+    remote = False  # calls are network round trips (workers overlap some of them with engine steps)
 
     # ------------------------------------------------------------ web side
     @abc.abstractmethod

@@ -21,6 +21,8 @@ from .selection import TierSelector, WeightSource
 
 
 class RedisJobQueue(JobQueue):
+    remote = True
+
     def __init__(
         self,
         *,

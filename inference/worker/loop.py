@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,9 @@ class WorkerLoop:
         self._step_started: float | None = None  # monotonic start of the step in progress
         self._reaped_in_step = False
         self._beater_done = threading.Event()
+        # Redis: the leases of a step's first tokens are flagged started from this thread while the
+        # step computes, not after it (a round trip, 0.6 ms p50 on the 2-core VM, off every first token).
+        self._marker = ThreadPoolExecutor(1, thread_name_prefix="mark-started") if queue.remote else None
 
     # ------------------------------------------------------------ control
     @property
@@ -311,12 +315,22 @@ class WorkerLoop:
     def _step(self) -> None:
         self._step_started = time.monotonic()
         error: Exception | None = None
+        marking: list[tuple[list[str], Future]] = []
+
+        def mark_ahead(request_ids: list[str]) -> None:
+            """Engine callback, before the model runs: flag these leases started meanwhile."""
+            ids = [rid for rid in request_ids if rid in self.active and not self.active[rid].started]
+            if ids:
+                marking.append((ids, self._marker.submit(self.queue.mark_started, self.worker_id, ids)))
+
         try:
-            outputs = self.engine.step()
+            outputs = self.engine.step(on_first_tokens=mark_ahead) if self._marker is not None else self.engine.step()
         except Exception as exc:  # noqa: BLE001
             error = exc
         finally:
             self._step_started = None
+        for ids, future in marking:
+            self._marked_ahead(ids, future)
         if self._reaped_in_step:  # an in-step heartbeat found us reaped: this step's news is not ours to send
             self._reaped_in_step = False
             self._drop_reaped()
@@ -331,14 +345,10 @@ class WorkerLoop:
         now = time.time()
         first = [o.request_id for o in outputs if o.request_id in self.active and not self.active[o.request_id].started
                  and (o.finished or o.new_token_ids or o.delta_text)]
-        if first:
+        if first:  # not flagged during the step (an in-process queue, or that round trip failed)
             owned = self.queue.mark_started(self.worker_id, first)
             for request_id in first:
-                if request_id in owned:
-                    self.active[request_id].started = True
-                else:  # reaped meanwhile: someone else owns it now
-                    self._engine_abort(request_id)
-                    self.active.pop(request_id, None)
+                self._started_apply(request_id, request_id in owned)
         # One hand-over per step for the deltas, then (after the usage records
         # are written) one for the done events: each reply channel gets at most
         # two messages per step, and no delta waits for a database write. The
@@ -372,6 +382,26 @@ class WorkerLoop:
                 logger.exception("finishing %s failed", output.request_id)
                 self._fail(output.request_id, f"Worker error: {exc}")
         self.sink.send_many(dones)
+
+    def _marked_ahead(self, ids: list[str], future: Future) -> None:
+        """The answer to a mark sent during the step (done by now: a step outlasts a round trip)."""
+        try:
+            owned = future.result()
+        except Exception:  # noqa: BLE001 - they are marked after the step instead
+            logger.warning("marking %d requests started during the step failed", len(ids), exc_info=True)
+            return
+        for request_id in ids:
+            self._started_apply(request_id, request_id in owned)
+
+    def _started_apply(self, request_id: str, owned: bool) -> None:
+        active = self.active.get(request_id)
+        if active is None:
+            return
+        if owned:
+            active.started = True
+        else:  # reaped meanwhile: someone else owns it now
+            self._engine_abort(request_id)
+            self.active.pop(request_id, None)
 
     def _handle_output(self, active: _Active, output: Any, now: float, events: list, firsts: list) -> bool:
         """Append this output's delta to `events` (to `firsts` for a first token); True when it finished."""
@@ -463,6 +493,8 @@ class WorkerLoop:
         except Exception:  # noqa: BLE001
             logger.exception("unregistering worker %s failed", self.worker_id)
         self.sink.flush(timeout=5.0)
+        if self._marker is not None:
+            self._marker.shutdown(wait=False)
         _close_db_connections()
         logger.info("worker %s stopped", self.worker_id)
 

@@ -64,3 +64,44 @@ def test_abort_reports_once_and_stats(engine, chat_prompts):
     assert stats["running"] == 0 and stats["waiting"] == 0 and stats["kv_usage"] == 0.0
     for key in ("prefix_cache_hit_rate", "generation_tok_s", "prompt_tok_s", "preemptions", "steps"):
         assert key in stats
+
+
+def test_on_first_tokens_names_the_requests_sampling_their_first_token_before_the_model_runs(make_engine, chat_prompts):
+    """A prompt prefilled in chunks is named at the step that finishes it; decodes never are."""
+    engine = make_engine(max_num_batched_tokens=64, max_num_seqs=4)
+    order: list[object] = []
+    run = engine.runner.run
+
+    def running(*args, **kwargs):
+        order.append("model")
+        return run(*args, **kwargs)
+
+    engine.runner.run = running
+    long_prompt = (chat_prompts[0] * 8)[:150]  # three chunks of at most 64 tokens
+    engine.add_request("short", chat_prompts[1], SamplingParams(max_tokens=3, temperature=0.0))
+    engine.add_request("long", long_prompt, SamplingParams(max_tokens=3, temperature=0.0))
+    named: list[list[str]] = []
+    firsts_seen: list[set[str]] = []
+    while engine.has_unfinished():
+        order.append("step")
+        outputs = engine.step(on_first_tokens=lambda ids: (named.append(ids), order.append(tuple(ids))))
+        firsts_seen.append({o.request_id for o in outputs if o.new_token_ids and o.usage.completion_tokens == 1})
+    flat = [rid for ids in named for rid in ids]
+    assert sorted(flat) == ["long", "short"]  # each named once
+    for ids in named:  # each call came after its step began and before that step's model run
+        at = order.index(tuple(ids))
+        assert order[at - 1] == "step" and order[at + 1] == "model"
+    # named at the very step whose outputs carry that request's first token
+    steps_named = {rid: i for i, ids in enumerate(_per_step(order)) for rid in ids}
+    steps_first = {rid: i for i, rids in enumerate(firsts_seen) for rid in rids}
+    assert steps_named == steps_first and steps_first["long"] > steps_first["short"]
+
+
+def _per_step(order: list) -> list[list[str]]:
+    steps: list[list[str]] = []
+    for item in order:
+        if item == "step":
+            steps.append([])
+        elif isinstance(item, tuple):
+            steps[-1].extend(item)
+    return steps

@@ -453,3 +453,64 @@ def test_steps_with_first_tokens_wait_until_their_events_are_sent(engine, harnes
     delta_calls = [call for call in calls if call[0] or call[1]]
     assert delta_calls[0] == (True, FIRST_TOKEN_SEND_WAIT_S)
     assert all(wait == 0.0 for has_first, wait in calls if not has_first)
+
+
+class _RemoteQueue(MemoryJobQueue):
+    """The in-process queue, flagged remote (as Redis is): the worker marks first tokens during the step."""
+
+    remote = True
+
+    def __init__(self, *args, owned: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.owned = owned
+        self.marks: list[tuple[str, list[str]]] = []
+
+    def mark_started(self, worker_id, request_ids):
+        self.marks.append((threading.current_thread().name, list(request_ids)))
+        time.sleep(0.02)  # a slow round trip: the step goes on meanwhile
+        owned = super().mark_started(worker_id, request_ids)
+        return owned if self.owned else set()
+
+
+def _remote_harness(harness_factory, **queue_options) -> Harness:
+    harness = harness_factory()
+    harness.loop.request_stop()
+    harness.thread.join(30)
+    queue = _RemoteQueue(weights={"free": 1, "pro": 4, "enterprise": 8}, heartbeat_timeout=5.0, **queue_options)
+    harness.queue = queue
+    harness.loop = WorkerLoop(queue=queue, model=MODEL, sink=harness.sink, engine=harness.engine, worker_id="w-test")
+    harness.thread = threading.Thread(target=harness.loop.run, daemon=True)
+    harness.thread.start()
+    return harness
+
+
+def test_a_remote_queue_gets_first_tokens_marked_during_the_step(engine, harness_factory, tenant_factory):
+    tenant = tenant_factory()
+    harness = _remote_harness(harness_factory)
+    jobs = [chat_job(engine, tenant, text, max_tokens=4) for text in ("Say hi.", "Name a colour.")]
+    for job in jobs:
+        harness.queue.enqueue(job)
+    for job in jobs:
+        deltas, done = harness.collect(job.reply_channel)
+        assert len(deltas) >= 1 and done["finish_reason"] in {"stop", "length"}
+        assert record(job.request_id).completion_tokens == done["usage"]["completion_tokens"]
+    marked = [rid for _thread, ids in harness.queue.marks for rid in ids]
+    assert sorted(marked) == sorted(job.request_id for job in jobs)  # each once...
+    assert {thread for thread, _ids in harness.queue.marks} == {"mark-started_0"}  # ...from the step's side thread
+
+
+def test_a_first_token_whose_lease_was_lost_during_the_step_is_not_sent(engine, harness_factory, tenant_factory):
+    """Marked during the step but reaped meanwhile: aborted, nothing sent, the engine holds nothing."""
+    tenant = tenant_factory()
+    harness = _remote_harness(harness_factory, owned=False)
+    job = chat_job(engine, tenant, "Say hi.", max_tokens=4)
+    harness.queue.enqueue(job)
+    deadline = time.monotonic() + 30
+    while not harness.queue.marks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert harness.queue.marks and harness.queue.marks[0][0] == "mark-started_0"
+    while (job.request_id in harness.loop.active or engine.has_unfinished()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.request_id not in harness.loop.active and not engine.has_unfinished()
+    with pytest.raises(asyncio.TimeoutError):
+        harness.receive(job.reply_channel, timeout=0.5)
