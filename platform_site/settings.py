@@ -111,7 +111,7 @@ EMBEDDED = not REDIS_URL
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "inference.channel_layer.RedisChannelLayer",  # channels_redis, send in one round trip
             # redis-py's 5 s default socket timeout would race channels_redis's 5 s blocking pop.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 10000, "expiry": 60},
         }

@@ -34,7 +34,7 @@ async def layer(request):
         layer = InMemoryChannelLayer()
     else:
         require_redis()
-        from channels_redis.core import RedisChannelLayer
+        from inference.channel_layer import RedisChannelLayer
 
         layer = RedisChannelLayer(hosts=[{"address": REDIS_TEST_URL, "socket_timeout": 30}], prefix="test-replies:")
     yield layer
