@@ -168,6 +168,8 @@ async def _null_sse_server(reader, writer) -> None:
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         writer.close()
+    except asyncio.CancelledError:  # the phase is over: end quietly (Python 3.11 logs a cancelled handler)
+        writer.close()
 
 
 async def floor_phase(args, prompts) -> dict:
