@@ -7,7 +7,10 @@ send to a web process, and so every first token, paid those round trips
 (BENCHMARKS.md, serving). Here the same four steps run as one Lua script: one
 round trip, the same keys, scores, capacity and expiry, atomic where the
 original could leak slightly over capacity. Receiving, groups and everything
-else are channels_redis's own.
+else are channels_redis's own. `send` restates channels_redis 4.3's (its
+prelude, key and score layout): an upgrade of channels_redis must re-check it
+(tests/inference/test_channel_layer.py reads our messages back with the stock
+layer).
 
 settings.CHANNEL_LAYERS names this class whenever REDIS_URL is set.
 """
