@@ -19,22 +19,19 @@ but never reloaded ahead.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from dataclasses import dataclass
 
+from inference.api.background import OnePerKey
 from inference.errors import NotFound
 from inference.models import ServedModel
-
-logger = logging.getLogger(__name__)
 
 CACHE_TTL_S = 5.0
 REFRESH_AFTER_S = 1.0
 DEFAULT_CONTEXT = 8192
 
 _cache: dict[str, tuple[float, "ModelInfo | None"]] = {}  # name -> (monotonic time it was read, info)
-_reloads: dict[str, asyncio.Task] = {}  # name -> a background reload in flight
+_reloads = OnePerKey("reloading the served model")  # name -> a background reload in flight
 _generation = 0  # bumped by every clear: a read begun before it is not cached
 
 
@@ -86,15 +83,6 @@ async def _load(name: str) -> "ModelInfo | None":
     return info
 
 
-async def _reload(name: str) -> None:
-    try:
-        await _load(name)
-    except Exception:  # noqa: BLE001 - the row expires and the next request reads it itself
-        logger.warning("reloading the served model %s failed", name, exc_info=True)
-    finally:
-        _reloads.pop(name, None)
-
-
 async def amodel_info_get(*, name: str) -> ModelInfo:
     """The served model `name`, or 404."""
     now = time.monotonic()
@@ -102,9 +90,7 @@ async def amodel_info_get(*, name: str) -> ModelInfo:
     if hit is not None and now - hit[0] < CACHE_TTL_S:
         info = hit[1]
         if info is not None and now - hit[0] >= REFRESH_AFTER_S:
-            reload = _reloads.get(name)
-            if reload is None or reload.done():
-                _reloads[name] = asyncio.get_running_loop().create_task(_reload(name))
+            _reloads.start(name, lambda: _load(name))
     else:
         info = await _load(name)
     if info is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from inference.api.background import OnePerKey
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
 from inference.api.schemas import CHAT, ApiRequest
 from inference.errors import ApiError, InvalidRequest, ServiceUnavailable
@@ -31,7 +32,7 @@ LIVE_WORKERS_RECHECK_S = 0.25  # a request after a yes this old re-checks it in 
 
 _tokenizers_loaded: set[str] = set()
 _live_until: dict[str, float] = {}  # model -> monotonic time until which a worker is known alive
-_live_rechecks: dict[str, asyncio.Task] = {}  # model -> a background re-check in flight
+_live_rechecks = OnePerKey("re-checking the workers of")  # model -> a background re-check in flight
 
 
 @dataclass(slots=True)
@@ -219,9 +220,8 @@ async def _capacity_check(model: str) -> None:
     now = time.monotonic()
     until = _live_until.get(model, 0.0)
     if until > now:
-        recheck = _live_rechecks.get(model)
-        if until - now < LIVE_WORKERS_TTL_S - LIVE_WORKERS_RECHECK_S and (recheck is None or recheck.done()):
-            _live_rechecks[model] = asyncio.get_running_loop().create_task(_live_workers_recheck(model))
+        if until - now < LIVE_WORKERS_TTL_S - LIVE_WORKERS_RECHECK_S:
+            _live_rechecks.start(model, lambda: _live_workers_check(model))
         return
     if await _live_workers_check(model):
         return
@@ -242,15 +242,6 @@ async def _live_workers_check(model: str) -> bool:
     else:
         _live_until.pop(model, None)
     return bool(workers)
-
-
-async def _live_workers_recheck(model: str) -> None:
-    try:
-        await _live_workers_check(model)
-    except Exception:  # noqa: BLE001 - the answer expires and the next request asks again
-        logger.warning("re-checking the workers of %s failed", model, exc_info=True)
-    finally:
-        _live_rechecks.pop(model, None)
 
 
 async def ajob_submit(*, prepared: PreparedRequest):

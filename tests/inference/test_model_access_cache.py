@@ -60,7 +60,7 @@ async def test_past_its_ttl_a_row_is_read_on_the_request_path(model, monkeypatch
 
 async def test_a_reload_that_raced_a_clear_is_not_cached(model):
     await model_access.amodel_info_get(name=model.name)
-    reload = asyncio.get_running_loop().create_task(model_access._reload(model.name))
+    reload = asyncio.get_running_loop().create_task(model_access._load(model.name))
     await asyncio.sleep(0)  # the reload has begun its query
     model_access.model_cache_clear()
     await reload
