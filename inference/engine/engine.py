@@ -155,7 +155,7 @@ class Engine:
             return outputs
         if on_first_tokens is not None:
             firsts = [seq.request_id for seq, n in zip(batch.seqs, batch.num_new_tokens)
-                      if not seq.output_token_ids and seq.num_computed_tokens + n == len(seq.token_ids)]
+                      if not seq.output_token_ids and seq.samples_after(n)]
             if firsts:
                 on_first_tokens(firsts)
         inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens)

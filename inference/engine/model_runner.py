@@ -68,7 +68,7 @@ class ModelRunner:
             starts.append(starts[-1] + n)
             seq_lens.append(end)
             tables.append(_table_array(seq))
-            if end == len(seq.token_ids):
+            if seq.samples_after(n):
                 sample_rows.append(starts[-1] - 1)
                 sampling.append(seq)
         num_seqs, num_tokens = len(seqs), len(input_ids)

@@ -88,6 +88,10 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 
+    def samples_after(self, num_new_tokens: int) -> bool:
+        """Whether a step computing `num_new_tokens` more of it reaches its end, so samples a token."""
+        return self.num_computed_tokens + num_new_tokens == len(self.token_ids)
+
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.token_ids.append(token_id)
