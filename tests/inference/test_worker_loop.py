@@ -455,28 +455,26 @@ def test_steps_with_first_tokens_wait_until_their_events_are_sent(engine, harnes
     assert all(wait == 0.0 for has_first, wait in calls if not has_first)
 
 
-class _RemoteQueue(MemoryJobQueue):
-    """The in-process queue, flagged remote (as Redis is): the worker marks first tokens during the step."""
+class _LostLeaseQueue(MemoryJobQueue):
+    """The in-process queue flagged remote, whose marks find the lease lost (the reaper took it meanwhile):
+    a real lost lease on Redis would be requeued and served again, which is not what this test watches."""
 
     remote = True
 
-    def __init__(self, *args, owned: bool = True, **kwargs) -> None:
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.owned = owned
         self.marks: list[tuple[str, list[str]]] = []
 
     def mark_started(self, worker_id, request_ids):
         self.marks.append((threading.current_thread().name, list(request_ids)))
-        time.sleep(0.02)  # a slow round trip: the step goes on meanwhile
-        owned = super().mark_started(worker_id, request_ids)
-        return owned if self.owned else set()
+        super().mark_started(worker_id, request_ids)
+        return set()
 
 
-def _remote_harness(harness_factory, **queue_options) -> Harness:
+def _remote_harness(harness_factory, queue) -> Harness:
     harness = harness_factory()
     harness.loop.request_stop()
     harness.thread.join(30)
-    queue = _RemoteQueue(weights={"free": 1, "pro": 4, "enterprise": 8}, heartbeat_timeout=5.0, **queue_options)
     harness.queue = queue
     harness.loop = WorkerLoop(queue=queue, model=MODEL, sink=harness.sink, engine=harness.engine, worker_id="w-test")
     harness.thread = threading.Thread(target=harness.loop.run, daemon=True)
@@ -484,25 +482,45 @@ def _remote_harness(harness_factory, **queue_options) -> Harness:
     return harness
 
 
-def test_a_remote_queue_gets_first_tokens_marked_during_the_step(engine, harness_factory, tenant_factory):
+def test_a_redis_queue_gets_first_tokens_marked_during_the_step(engine, harness_factory, tenant_factory):
+    """On the real Redis queue: each first token's lease is marked once, from the step's side thread."""
+    from inference.queue.redis_backend import RedisJobQueue
+    from tests.inference.queue_helpers import REDIS_TEST_URL, require_redis
+
+    require_redis()
+    queue = RedisJobQueue(url=REDIS_TEST_URL, prefix=f"test:{uuid.uuid4().hex}",
+                          weights={"free": 1, "pro": 4, "enterprise": 8}, heartbeat_timeout=5.0)
+    marks: list[tuple[str, list[str]]] = []
+    mark_started = queue.mark_started
+
+    def recording(worker_id, request_ids):  # records who called, then the real script
+        marks.append((threading.current_thread().name, list(request_ids)))
+        return mark_started(worker_id, request_ids)
+
+    queue.mark_started = recording
     tenant = tenant_factory()
-    harness = _remote_harness(harness_factory)
-    jobs = [chat_job(engine, tenant, text, max_tokens=4) for text in ("Say hi.", "Name a colour.")]
-    for job in jobs:
-        harness.queue.enqueue(job)
-    for job in jobs:
-        deltas, done = harness.collect(job.reply_channel)
-        assert len(deltas) >= 1 and done["finish_reason"] in {"stop", "length"}
-        assert record(job.request_id).completion_tokens == done["usage"]["completion_tokens"]
-    marked = [rid for _thread, ids in harness.queue.marks for rid in ids]
-    assert sorted(marked) == sorted(job.request_id for job in jobs)  # each once...
-    assert {thread for thread, _ids in harness.queue.marks} == {"mark-started_0"}  # ...from the step's side thread
+    harness = _remote_harness(harness_factory, queue)
+    try:
+        jobs = [chat_job(engine, tenant, text, max_tokens=4) for text in ("Say hi.", "Name a colour.")]
+        for job in jobs:
+            queue.enqueue(job)
+        for job in jobs:
+            deltas, done = harness.collect(job.reply_channel)
+            assert len(deltas) >= 1 and done["finish_reason"] in {"stop", "length"}
+            assert record(job.request_id).completion_tokens == done["usage"]["completion_tokens"]
+        marked = [rid for _thread, ids in marks for rid in ids]
+        assert sorted(marked) == sorted(job.request_id for job in jobs)  # each once...
+        assert {thread for thread, _ids in marks} == {"mark-started_0"}  # ...from the step's side thread
+    finally:
+        harness.close()
+        queue.flush()
 
 
 def test_a_first_token_whose_lease_was_lost_during_the_step_is_not_sent(engine, harness_factory, tenant_factory):
     """Marked during the step but reaped meanwhile: aborted, nothing sent, the engine holds nothing."""
     tenant = tenant_factory()
-    harness = _remote_harness(harness_factory, owned=False)
+    harness = _remote_harness(harness_factory, _LostLeaseQueue(weights={"free": 1, "pro": 4, "enterprise": 8},
+                                                               heartbeat_timeout=5.0))
     job = chat_job(engine, tenant, "Say hi.", max_tokens=4)
     harness.queue.enqueue(job)
     deadline = time.monotonic() + 30
