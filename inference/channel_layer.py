@@ -6,11 +6,25 @@ visible to its receiver only after the third. Every engine event the workers
 send to a web process, and so every first token, paid those round trips
 (BENCHMARKS.md, serving). Here the same four steps run as one Lua script: one
 round trip, the same keys, scores, capacity and expiry, atomic where the
-original could leak slightly over capacity. Receiving, groups and everything
-else are channels_redis's own. `send` restates channels_redis 4.3's (its
-prelude, key and score layout): an upgrade of channels_redis must re-check it
-(tests/inference/test_channel_layer.py reads our messages back with the stock
-layer).
+original could leak slightly over capacity. `send` restates channels_redis
+4.3's (its prelude, key and score layout): an upgrade of channels_redis must
+re-check it (tests/inference/test_channel_layer.py reads our messages back with
+the stock layer).
+
+Receiving is channels_redis's own, but for single-reader channels
+(`new_single_reader_channel`, `receive_single_reader`): the web process's reply
+channel, which every engine event of its requests reaches it through
+(inference.api.replies). channels_redis guards each received message against
+its receiver being cancelled: a clean-up script before every blocking pop, and
+a copy of the popped message into a backup set before it is handed over (a
+round trip between the pop and the hand-over), then a task to delete that copy;
+plus, for process-local channels, a lock and two tasks per receive. A reply
+channel has one reader, a loop that is not cancelled while requests wait, so it
+reads with the bare blocking pop: one round trip, the message handed over as
+it arrives. Each such channel has a Redis key of its own (its name up to the
+`!` is unique), so a pop left blocked by a reader that went away (a closed
+event loop) can only ever take its own channel's messages. Other channels
+are received as channels_redis does.
 
 settings.CHANNEL_LAYERS names this class whenever REDIS_URL is set.
 """
@@ -18,6 +32,7 @@ settings.CHANNEL_LAYERS names this class whenever REDIS_URL is set.
 from __future__ import annotations
 
 import time
+import uuid
 
 from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer as _RedisChannelLayer
@@ -56,3 +71,31 @@ class RedisChannelLayer(_RedisChannelLayer):
         )
         if not added:
             raise ChannelFull()
+
+    # ------------------------------------------------------------ single-reader channels
+    async def new_single_reader_channel(self, prefix: str = "reply") -> str:
+        """A process-local channel name with a key of its own: `<prefix>.<client prefix>.<uuid>!`.
+
+        Read it with `receive_single_reader` only (channels_redis's `receive`
+        expects the part before the `!` to be shared by the whole process).
+        """
+        return f"{prefix}.{self.client_prefix}.{uuid.uuid4().hex}!"
+
+    async def receive_single_reader(self, channel: str) -> dict:
+        """The next message of `channel` (from `new_single_reader_channel`), popped and handed over.
+
+        For one reader that is not cancelled while a message may be in flight:
+        a cancellation that lands after Redis popped a message loses it (the
+        stock `receive` would keep a backup copy). Waits as long as it takes.
+        """
+        assert channel.endswith("!"), "not a single-reader channel"
+        assert self.require_valid_channel_name(channel, receive=True), "Channel name not valid"
+        connection = self.connection(self.consistent_hash(channel))  # where `send` puts it
+        key = self.prefix + channel
+        while True:
+            result = await connection.bzpopmin(key, timeout=self.brpop_timeout)
+            if result is not None:
+                message = self.deserialize(result[1])
+                message.pop("__asgi_channel__", None)
+                return message
+

@@ -2,8 +2,9 @@
 
 Contract with the workers (inference.worker.events sends):
 - Every Job of this process carries the same `reply_channel`: this process's
-  channel, `reply.<layer client prefix>!<random>` on channels_redis, one per
-  (channel layer, event loop).
+  channel, one per (channel layer, event loop); on the Redis layer a
+  single-reader channel `reply.<layer client prefix>.<random>!` with a key of
+  its own (inference.channel_layer).
 - A worker sends each reply channel at most one message per engine step,
   `{"type": "engine.events", "events": [event, ...]}`: in order, every
   `engine.delta` / `engine.done` of that step for the jobs of that channel.
@@ -25,8 +26,9 @@ the sink calls `deliver` on the reply channel's event loop directly
 (inference.worker.events, in-process receivers); the message is the same.
 
 The receive loop runs only while requests wait: when the last one leaves, the
-loop sends itself `reply.stop` and ends on reading it (a receive is never
-cancelled: channels_redis can lose a message popped by a cancelled receive).
+loop sends itself `reply.stop` and ends on reading it. A receive is never
+cancelled (only a closing event loop ends one): the Redis layer's single-reader
+receive pops without a backup copy, so a cancelled one could lose a message.
 """
 
 from __future__ import annotations
@@ -127,14 +129,19 @@ class ReplyChannel:
         self._waiting: dict[str, Mailbox] = {}
         self._task: asyncio.Task | None = None
         self._stop_sent = False
+        self._receive = layer.receive
 
     async def open(self) -> str:
-        # An idle receive blocks in channels_redis's BZPOPMIN for 5 s; settings.CHANNEL_LAYERS gives
-        # redis-py a longer socket timeout (30 s), so that wait never races the socket's own timeout.
+        # An idle receive blocks in a BZPOPMIN for 5 s; settings.CHANNEL_LAYERS gives redis-py a
+        # longer socket timeout (30 s), so that wait never races the socket's own timeout.
         if self.name is None:
-            name = await self.layer.new_channel("reply.")
+            single = getattr(self.layer, "new_single_reader_channel", None)
+            name = await (single("reply") if single is not None else self.layer.new_channel("reply."))
             if self.name is None:
                 self.name = name
+                # this loop is the channel's one reader and is not cancelled while requests wait
+                # (see _receive_loop): on our Redis layer it pops without channels_redis's backups
+                self._receive = self.layer.receive_single_reader if single is not None else self.layer.receive
                 # an engine thread in this process (embedded worker) delivers here without the layer
                 local_receiver_register(name, self)
         return self.name
@@ -176,7 +183,7 @@ class ReplyChannel:
         failures = 0
         while True:
             try:
-                message = await self.layer.receive(self.name)
+                message = await self._receive(self.name)
                 failures = 0
             except asyncio.CancelledError:
                 raise

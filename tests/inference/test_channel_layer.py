@@ -1,7 +1,8 @@
-"""The serving path's Redis channel layer: channels_redis's storage, `send` in one round trip (real Redis)."""
+"""The serving path's Redis channel layer: channels_redis's storage, `send` in one round trip, single-reader receive (real Redis)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -70,3 +71,46 @@ async def test_send_is_one_round_trip(layer, monkeypatch):
     monkeypatch.undo()
     assert len(calls) == 1 and calls[0].upper() in {"EVAL", "EVALSHA"}
     assert (await layer.receive(channel))["type"] == "engine.events"
+
+
+async def test_a_single_reader_channel_pops_with_one_command_and_keeps_no_backup(layer, monkeypatch):
+    channel = await layer.new_single_reader_channel("reply")
+    assert channel.startswith(f"reply.{layer.client_prefix}.") and channel.endswith("!")
+    message = {"type": "engine.events", "events": [{"request_id": "r1", "text": "héllo"}]}
+    await layer.send(channel, message)
+    connection = layer.connection(layer.consistent_hash(channel))
+    calls: list[str] = []
+    execute = type(connection).execute_command
+
+    async def counting(self, *args, **options):
+        calls.append(str(args[0]).upper())
+        return await execute(self, *args, **options)
+
+    monkeypatch.setattr(type(connection), "execute_command", counting)
+    assert await layer.receive_single_reader(channel) == message
+    monkeypatch.undo()
+    assert calls == ["BZPOPMIN"]
+    client = redis.Redis.from_url(REDIS_TEST_URL)
+    assert client.keys(layer.prefix + "*") == []  # no backup set, nothing left behind
+    client.close()
+
+
+async def test_single_reader_channels_have_keys_of_their_own(layer):
+    one, two = await layer.new_single_reader_channel("reply"), await layer.new_single_reader_channel("reply")
+    await layer.send(one, {"type": "x", "to": "one"})
+    await layer.send(two, {"type": "x", "to": "two"})
+    client = redis.Redis.from_url(REDIS_TEST_URL)
+    assert client.zcard(layer.prefix + one) == 1 and client.zcard(layer.prefix + two) == 1
+    client.close()
+    assert (await layer.receive_single_reader(two))["to"] == "two"
+    assert (await layer.receive_single_reader(one))["to"] == "one"
+
+
+async def test_a_single_reader_receive_waits_past_the_blocking_pops_timeout(layer):
+    layer.brpop_timeout = 1  # each BZPOPMIN gives up after a second; the receive goes on waiting
+    channel = await layer.new_single_reader_channel("reply")
+    reader = asyncio.ensure_future(layer.receive_single_reader(channel))
+    await asyncio.sleep(1.5)
+    assert not reader.done()
+    await layer.send(channel, {"type": "late"})
+    assert (await asyncio.wait_for(reader, 5))["type"] == "late"

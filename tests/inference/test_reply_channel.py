@@ -116,6 +116,26 @@ async def test_a_request_registered_while_the_stop_is_in_flight_still_gets_its_e
     assert [e.get("text") for e in await read_all(second)] == ["hi", None]
 
 
+async def test_on_redis_the_reply_channel_is_a_single_reader_channel_with_no_backup_copies(monkeypatch):
+    require_redis()
+    import redis
+
+    from inference.channel_layer import RedisChannelLayer
+
+    layer = RedisChannelLayer(hosts=[{"address": REDIS_TEST_URL, "socket_timeout": 30}], prefix="test-replies:")
+    monkeypatch.setattr(layer, "receive", lambda channel: pytest.fail("channels_redis's receive was used"))
+    reply = await reply_channel_get(layer)
+    assert reply.name.startswith(f"reply.{layer.client_prefix}.") and reply.name.endswith("!")
+    run = JobRun(reply=reply, request_id="req-r", model="m")
+    await layer.send(reply.name, events_message([delta("req-r", "x"), done("req-r", 1)]))
+    assert [e.get("text") for e in await read_all(run)] == ["x", None]
+    await asyncio.wait_for(asyncio.shield(reply._task), 10)
+    client = redis.Redis.from_url(REDIS_TEST_URL)
+    assert client.keys(layer.prefix + "*") == []  # popped, and no "$inflight" backup set
+    client.close()
+    await layer.flush()
+
+
 async def test_one_request_id_cannot_wait_twice():
     reply = await reply_channel_get(InMemoryChannelLayer())
     run = JobRun(reply=reply, request_id="req-x", model="m")
