@@ -42,7 +42,7 @@ class RedisJobQueue(JobQueue):
         self._scripts = {
             name: self.redis.register_script(getattr(lua, name))
             for name in ("ENQUEUE", "LEASE", "CANCEL", "MARK_STARTED", "COMPLETE", "TAKE_CANCELS",
-                         "TAKE_DROPPED", "HEARTBEAT", "REAP_WORKER")
+                         "TAKE_CANCELS_AND_DEPTHS", "TAKE_DROPPED", "HEARTBEAT", "REAP_WORKER")
         }
 
     def _run(self, name: str, *args: Any) -> Any:
@@ -71,8 +71,7 @@ class RedisJobQueue(JobQueue):
         return self._run("CANCEL", request_id)
 
     def depths(self, model: str) -> dict[str, int]:
-        raw = self.redis.hgetall(self._key("depth", model))
-        return {tier: int(count) for tier, count in raw.items() if int(count) > 0}
+        return _positive(self.redis.hgetall(self._key("depth", model)))
 
     def live_workers(self, model: str | None = None) -> list[dict[str, Any]]:
         workers = [w for w, m in self.redis.hgetall(self._key("workers")).items() if model is None or m == model]
@@ -92,8 +91,10 @@ class RedisJobQueue(JobQueue):
         self._check_worker_id(worker_id)
         if max_jobs <= 0:
             return []
-        depths = self.depths(model)
-        if not depths:
+        return self._lease_by_depths(worker_id, model, max_jobs, self.depths(model))
+
+    def _lease_by_depths(self, worker_id: str, model: str, max_jobs: int, depths: dict[str, int]) -> list[Job]:
+        if max_jobs <= 0 or not depths:
             return []
         plan = self.selector.plan(depths, max_jobs)
         if not plan:
@@ -116,6 +117,13 @@ class RedisJobQueue(JobQueue):
 
     def take_cancellations(self, worker_id: str) -> set[str]:
         return set(self._run("TAKE_CANCELS", worker_id))
+
+    def take_cancellations_and_lease(self, worker_id: str, model: str, max_jobs: int) -> tuple[set[str], list[Job]]:
+        """One script takes the cancellations and reads the depths; a second leases, if anything is queued."""
+        self._check_worker_id(worker_id)
+        ids, flat = self._run("TAKE_CANCELS_AND_DEPTHS", worker_id, model)
+        depths = _positive(dict(zip(flat[::2], flat[1::2])))
+        return set(ids), self._lease_by_depths(worker_id, model, max_jobs, depths)
 
     def take_dropped(self, model: str, limit: int = 100) -> list[Job]:
         return [Job.from_json(raw) for raw in self._run("TAKE_DROPPED", model, limit)]
@@ -172,3 +180,8 @@ class RedisJobQueue(JobQueue):
         keys = list(self.redis.scan_iter(match=self.prefix + ":*", count=1000))
         for start in range(0, len(keys), 500):
             self.redis.delete(*keys[start : start + 500])
+
+
+def _positive(depths: dict[str, str]) -> dict[str, int]:
+    """A depth hash as ints, tiers with nothing queued left out."""
+    return {tier: int(count) for tier, count in depths.items() if int(count) > 0}

@@ -115,6 +115,14 @@ redis.call('DEL', key)
 return ids
 """
 
+# ARGV: P, worker, model; returns {the worker's cancelled ids (cleared), the model's depth hash flat}.
+TAKE_CANCELS_AND_DEPTHS = r"""
+local key = ARGV[1]..':cancel:'..ARGV[2]
+local ids = redis.call('SMEMBERS', key)
+redis.call('DEL', key)
+return {ids, redis.call('HGETALL', ARGV[1]..':depth:'..ARGV[3])}
+"""
+
 TAKE_DROPPED = r"""
 local key = ARGV[1]..':dropped:'..ARGV[2]
 local n = tonumber(ARGV[3])

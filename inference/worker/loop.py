@@ -190,12 +190,13 @@ class WorkerLoop:
                 dead_workers_reap(queue=self.queue, sink=self.sink)
             except Exception:  # noqa: BLE001
                 logger.exception("reaping failed")
-        self._abort_cancelled()
         if now >= self._next_dropped:
             self._next_dropped = now + self.dropped_interval
             self._end_dropped()
-        if not self.draining:
-            self._lease()
+        if self.draining:
+            self._abort_cancelled()
+        else:
+            self._intake()
         if self.active or self.engine.has_unfinished():
             self._step()
             if self.active and not self.engine.has_unfinished():
@@ -264,11 +265,14 @@ class WorkerLoop:
             return 0
         return max(0, self.max_num_seqs + self.prefetch - len(self.active))
 
-    def _lease(self) -> None:
-        room = self.room()
-        if room <= 0:
-            return
-        jobs = self.queue.lease(self.worker_id, self.model, room)
+    def _intake(self) -> None:
+        """Before a step: the cancellations (aborted), then new jobs if there is room (one round trip on Redis
+        while nothing is queued: a busy worker asked twice per step before)."""
+        cancelled, jobs = self.queue.take_cancellations_and_lease(self.worker_id, self.model, self.room())
+        self._cancellations_apply(cancelled)
+        self._jobs_add(jobs)
+
+    def _jobs_add(self, jobs: list[Job]) -> None:
         leased_at = time.time()
         for job in jobs:
             self.active[job.request_id] = _Active(job=job, leased_at=leased_at)
@@ -296,6 +300,9 @@ class WorkerLoop:
         except Exception:  # noqa: BLE001
             logger.exception("reading cancellations failed")
             return
+        self._cancellations_apply(cancelled)
+
+    def _cancellations_apply(self, cancelled: set[str]) -> None:
         for request_id in cancelled:
             if request_id in self.active:
                 self.active[request_id].aborting = True

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter
 
 import pytest
 
 from inference.queue import QueueFull
 from inference.queue.job import Job
-from tests.inference.queue_helpers import make_job, queue_factory  # noqa: F401 - fixture
+from inference.queue.redis_backend import RedisJobQueue
+from tests.inference.queue_helpers import REDIS_TEST_URL, make_job, queue_factory, require_redis  # noqa: F401
 
 WEIGHTS = {"enterprise": 8, "pro": 4, "free": 1}
 
@@ -171,6 +173,50 @@ def test_cancel_queued_leased_and_unknown(queue_factory):
     assert queue.complete("w1", first.request_id)
     assert queue.cancel(first.request_id) == "unknown"
     assert queue.cancel("never-seen") == "unknown"
+
+
+def test_cancellations_and_leases_in_one_call(queue_factory):
+    queue = queue_factory(weights=WEIGHTS)
+    first = make_job(tier="free")
+    queue.enqueue(first)
+    assert queue.take_cancellations_and_lease("w1", "m", 4) == (set(), [first])
+    assert queue.cancel(first.request_id) == "signalled"
+    later = [make_job(tier="free"), make_job(tier="enterprise"), make_job(tier="pro")]
+    for job in later:
+        queue.enqueue(job)
+    cancelled, jobs = queue.take_cancellations_and_lease("w1", "m", 2)
+    assert cancelled == {first.request_id}
+    assert [j.tier for j in jobs] == ["enterprise", "pro"]  # the same policy as lease()
+    assert queue.depth("m", "free") == 1
+    assert queue.take_cancellations_and_lease("w1", "m", 0) == (set(), [])  # no room: cancellations only
+    assert queue.depth("m", "free") == 1
+    assert queue.take_cancellations_and_lease("w1", "other", 5) == (set(), [])
+    assert [j.request_id for j in queue.take_cancellations_and_lease("w1", "m", 5)[1]] == [later[0].request_id]
+
+
+def test_on_redis_a_worker_with_nothing_queued_asks_once_per_step():
+    require_redis()
+    queue = RedisJobQueue(url=REDIS_TEST_URL, prefix=f"test:{uuid.uuid4().hex}")
+    queue.enqueue(make_job())
+    queue.take_cancellations_and_lease("w0", "m", 1)  # both scripts in Redis's cache, as in a running worker
+    commands: list[str] = []
+    execute = queue.redis.execute_command
+
+    def counting(*args, **options):
+        commands.append(str(args[0]).upper())
+        return execute(*args, **options)
+
+    queue.redis.execute_command = counting
+    assert queue.take_cancellations_and_lease("w1", "m", 8) == (set(), [])
+    assert commands == ["EVALSHA"]
+    queue.redis.execute_command = execute
+    queue.enqueue(make_job())
+    commands.clear()
+    queue.redis.execute_command = counting
+    assert len(queue.take_cancellations_and_lease("w1", "m", 8)[1]) == 1
+    assert commands == ["EVALSHA", "EVALSHA"]  # the lease itself, when something is queued
+    queue.redis.execute_command = execute
+    queue.flush()
 
 
 def test_cancelling_the_last_job_of_a_tenant_keeps_the_rotation_intact(queue_factory):
