@@ -296,6 +296,38 @@ def test_drain_finishes_running_work_and_takes_no_more(engine, harness_factory, 
     assert record_count(request_id=later.request_id) == 0
 
 
+def test_usage_records_are_written_off_the_engine_thread_and_each_precedes_its_done_event(
+        engine, harness_factory, tenant_factory, monkeypatch):
+    from inference.worker import finish
+
+    writing, gate = threading.Event(), threading.Event()
+    write = finish.usage_record_safe
+
+    def held(**fields):
+        writing.set()
+        assert gate.wait(60)
+        return write(**fields)
+
+    monkeypatch.setattr(finish, "usage_record_safe", held)
+    tenant = tenant_factory()
+    harness = harness_factory()
+    short = chat_job(engine, tenant, "Say hi.", max_tokens=2, ignore_eos=True)
+    long = chat_job(engine, tenant, "Describe a forest.", max_tokens=16, ignore_eos=True)
+    harness.queue.enqueue(short)
+    harness.queue.enqueue(long)
+    assert writing.wait(60)  # the short one finished; its record is being written (and held)
+    # the engine steps on meanwhile: the long request streams all its tokens
+    assert [harness.receive(long.reply_channel)["type"] for _ in range(16)] == ["engine.delta"] * 16
+    assert record_count(request_id=short.request_id) == 0
+    gate.set()
+    deltas, done = harness.collect(short.reply_channel)
+    assert len(deltas) == 2 and done["usage"]["completion_tokens"] == 2
+    assert record(short.request_id).completion_tokens == 2  # written before its done event went out
+    assert harness.collect(long.reply_channel)[1]["usage"]["completion_tokens"] == 16
+    assert record(long.request_id).completion_tokens == 16
+    assert harness.queue.leases("w-test") == {}  # both leases released after their records
+
+
 def test_an_engine_step_failure_ends_the_batch_with_errors_and_the_loop_goes_on(engine, harness_factory,
                                                                                  tenant_factory, monkeypatch):
     """Fault injection: the model runner raises once, as a CUDA error or a kernel bug would."""
