@@ -98,4 +98,3 @@ class RedisChannelLayer(_RedisChannelLayer):
                 message = self.deserialize(result[1])
                 message.pop("__asgi_channel__", None)
                 return message
-

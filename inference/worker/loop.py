@@ -360,9 +360,10 @@ class WorkerLoop:
             owned = self.queue.mark_started(self.worker_id, first)
             for request_id in first:
                 self._started_apply(request_id, request_id in owned)
-        # One hand-over per step for the deltas, then (after the usage records
-        # are written) one for the done events: each reply channel gets at most
-        # two messages per step, and no delta waits for a database write. The
+        # One hand-over per step for the deltas, then (by the finisher thread,
+        # after the usage records are written) one for the done events: each
+        # reply channel gets at most two messages per step, and neither a delta
+        # nor the next step waits for a database write. The
         # requests' first tokens lead the deltas: the web process and its
         # clients handle a step's events in order, so a new stream's first
         # token does not wait behind every running stream's next one (paired
