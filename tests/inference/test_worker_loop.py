@@ -328,6 +328,39 @@ def test_usage_records_are_written_off_the_engine_thread_and_each_precedes_its_d
     assert harness.queue.leases("w-test") == {}  # both leases released after their records
 
 
+def test_a_finisher_that_falls_behind_holds_the_engine_back(engine, harness_factory, tenant_factory, monkeypatch):
+    from inference.worker import finish
+
+    writing, gate = threading.Event(), threading.Event()
+    write = finish.usage_record_safe
+
+    def held(**fields):
+        writing.set()
+        assert gate.wait(60)
+        return write(**fields)
+
+    monkeypatch.setattr(finish, "usage_record_safe", held)
+    tenant = tenant_factory()
+    harness = harness_factory()
+    harness.loop.finish_backlog = 1
+    first = chat_job(engine, tenant, "One.", max_tokens=1, ignore_eos=True)
+    second = chat_job(engine, tenant, "Three.", max_tokens=3, ignore_eos=True)
+    long = chat_job(engine, tenant, "Describe a mountain.", max_tokens=16, ignore_eos=True)
+    for job in (first, second, long):
+        harness.queue.enqueue(job)
+    assert writing.wait(60)  # the first one's record is held; the second one's finish must wait for it
+    streamed = 0
+    with pytest.raises(TimeoutError):
+        while True:
+            assert harness.receive(long.reply_channel, timeout=3)["type"] == "engine.delta"
+            streamed += 1
+    assert 1 <= streamed < 16  # the engine stopped at the second one's finish
+    gate.set()
+    assert harness.collect(long.reply_channel)[1]["usage"]["completion_tokens"] == 16
+    for job, tokens in ((first, 1), (second, 3), (long, 16)):
+        assert record(job.request_id).completion_tokens == tokens
+
+
 def test_an_engine_step_failure_ends_the_batch_with_errors_and_the_loop_goes_on(engine, harness_factory,
                                                                                  tenant_factory, monkeypatch):
     """Fault injection: the model runner raises once, as a CUDA error or a kernel bug would."""
