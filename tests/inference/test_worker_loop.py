@@ -296,8 +296,9 @@ def test_drain_finishes_running_work_and_takes_no_more(engine, harness_factory, 
     assert record_count(request_id=later.request_id) == 0
 
 
-def test_usage_records_are_written_off_the_engine_thread_and_each_precedes_its_done_event(
-        engine, harness_factory, tenant_factory, monkeypatch):
+@pytest.fixture
+def held_records(monkeypatch):
+    """(writing, gate): usage-record writes set `writing`, then wait until the test sets `gate`."""
     from inference.worker import finish
 
     writing, gate = threading.Event(), threading.Event()
@@ -309,6 +310,12 @@ def test_usage_records_are_written_off_the_engine_thread_and_each_precedes_its_d
         return write(**fields)
 
     monkeypatch.setattr(finish, "usage_record_safe", held)
+    return writing, gate
+
+
+def test_usage_records_are_written_off_the_engine_thread_and_each_precedes_its_done_event(
+        engine, harness_factory, tenant_factory, held_records):
+    writing, gate = held_records
     tenant = tenant_factory()
     harness = harness_factory()
     short = chat_job(engine, tenant, "Say hi.", max_tokens=2, ignore_eos=True)
@@ -328,18 +335,8 @@ def test_usage_records_are_written_off_the_engine_thread_and_each_precedes_its_d
     assert harness.queue.leases("w-test") == {}  # both leases released after their records
 
 
-def test_a_finisher_that_falls_behind_holds_the_engine_back(engine, harness_factory, tenant_factory, monkeypatch):
-    from inference.worker import finish
-
-    writing, gate = threading.Event(), threading.Event()
-    write = finish.usage_record_safe
-
-    def held(**fields):
-        writing.set()
-        assert gate.wait(60)
-        return write(**fields)
-
-    monkeypatch.setattr(finish, "usage_record_safe", held)
+def test_a_finisher_that_falls_behind_holds_the_engine_back(engine, harness_factory, tenant_factory, held_records):
+    writing, gate = held_records
     tenant = tenant_factory()
     harness = harness_factory()
     harness.loop.finish_backlog = 1
