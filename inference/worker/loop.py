@@ -418,7 +418,10 @@ class WorkerLoop:
                 except Exception:  # noqa: BLE001
                     logger.exception("failing %s failed", job.request_id)
             self._complete(job.request_id)
-        self.sink.send_many(dones)
+        try:
+            self.sink.send_many(dones)
+        except Exception:  # noqa: BLE001 - never an exception left in the future the loop may wait on
+            logger.exception("sending %d done events failed", len(dones))
 
     def _marked_ahead(self, ids: list[str], future: Future) -> None:
         """The answer to a mark sent during the step (done by now: a step outlasts a round trip)."""
