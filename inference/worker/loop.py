@@ -59,6 +59,16 @@ class _Active:
     completion_tokens: int = 0
     aborting: bool = False  # cancelled by the client, abort sent to the engine
 
+    def tokens_so_far(self) -> dict[str, int]:
+        """What a request ended early is billed: its prompt only once a token was generated."""
+        return {"prompt_tokens": len(self.job.prompt_token_ids) if self.completion_tokens else 0,
+                "completion_tokens": self.completion_tokens}
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds from the enqueue to the first token, if there was one."""
+        return None if self.first_token_at is None else max(0.0, self.first_token_at - self.job.enqueued_at)
+
 
 class WorkerLoop:
     # Steps' worth of finished requests whose records may wait for the finisher thread before the
@@ -413,8 +423,7 @@ class WorkerLoop:
                 logger.exception("finishing %s failed", job.request_id)
                 try:
                     job_fail(job=job, sink=self.sink, worker_id=self.worker_id, error=f"Worker error: {exc}",
-                             prompt_tokens=len(job.prompt_token_ids) if active.completion_tokens else 0,
-                             completion_tokens=active.completion_tokens)
+                             **active.tokens_so_far())
                 except Exception:  # noqa: BLE001
                     logger.exception("failing %s failed", job.request_id)
             self._complete(job.request_id)
@@ -470,7 +479,7 @@ class WorkerLoop:
             prompt_tokens=int(usage.prompt_tokens), cached_tokens=int(usage.cached_tokens),
             completion_tokens=int(usage.completion_tokens),
             queued_s=max(0.0, active.leased_at - job.enqueued_at) + engine_queued,
-            ttft_s=None if active.first_token_at is None else max(0.0, active.first_token_at - job.enqueued_at),
+            ttft_s=active.ttft_s,
             stop_reason=output.stop_reason, extra_timing=extra, now=now, events=events,
         )
 
@@ -489,10 +498,8 @@ class WorkerLoop:
             if request_id not in self.queue.mark_started(self.worker_id, [request_id]):
                 self.active.pop(request_id, None)
                 return
-        job = active.job
-        job_fail(job=job, sink=self.sink, worker_id=self.worker_id, error=error,
-                 prompt_tokens=len(job.prompt_token_ids) if active.completion_tokens else 0,
-                 completion_tokens=active.completion_tokens, error_param=error_param)
+        job_fail(job=active.job, sink=self.sink, worker_id=self.worker_id, error=error, error_param=error_param,
+                 **active.tokens_so_far())
         self._release(request_id)
 
     def _end_lost(self, request_id: str) -> None:
@@ -505,11 +512,8 @@ class WorkerLoop:
         if not active.started and request_id not in self.queue.mark_started(self.worker_id, [request_id]):
             self.active.pop(request_id, None)
             return
-        job = active.job
-        job_finish(job=job, sink=self.sink, worker_id=self.worker_id, finish_reason="abort",
-                   prompt_tokens=len(job.prompt_token_ids) if active.completion_tokens else 0,
-                   completion_tokens=active.completion_tokens,
-                   ttft_s=None if active.first_token_at is None else max(0.0, active.first_token_at - job.enqueued_at))
+        job_finish(job=active.job, sink=self.sink, worker_id=self.worker_id, finish_reason="abort",
+                   ttft_s=active.ttft_s, **active.tokens_so_far())
         self._release(request_id)
 
     def _release(self, request_id: str) -> None:
