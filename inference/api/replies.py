@@ -129,7 +129,7 @@ class ReplyChannel:
         self._waiting: dict[str, Mailbox] = {}
         self._task: asyncio.Task | None = None
         self._stop_sent = False
-        self._receive = layer.receive
+        self._receive = layer.receive  # the layer's own, unless open() finds a single-reader channel
 
     async def open(self) -> str:
         # An idle receive blocks in a BZPOPMIN for 5 s; settings.CHANNEL_LAYERS gives redis-py a
@@ -139,9 +139,10 @@ class ReplyChannel:
             name = await (single("reply") if single is not None else self.layer.new_channel("reply."))
             if self.name is None:
                 self.name = name
-                # this loop is the channel's one reader and is not cancelled while requests wait
-                # (see _receive_loop): on our Redis layer it pops without channels_redis's backups
-                self._receive = self.layer.receive_single_reader if single is not None else self.layer.receive
+                if single is not None:
+                    # this loop is the channel's one reader and is not cancelled while requests wait
+                    # (see _receive_loop): on our Redis layer it pops without channels_redis's backups
+                    self._receive = self.layer.receive_single_reader
                 # an engine thread in this process (embedded worker) delivers here without the layer
                 local_receiver_register(name, self)
         return self.name
