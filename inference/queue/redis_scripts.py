@@ -108,20 +108,15 @@ redis.call('SREM', P..':cancel:'..w, rid)
 return 1
 """
 
-TAKE_CANCELS = r"""
+# ARGV: P, worker[, model]; the worker's cancelled ids, cleared.
+_TAKE_CANCELS = r"""
 local key = ARGV[1]..':cancel:'..ARGV[2]
 local ids = redis.call('SMEMBERS', key)
 redis.call('DEL', key)
-return ids
 """
-
-# ARGV: P, worker, model; returns {the worker's cancelled ids (cleared), the model's depth hash flat}.
-TAKE_CANCELS_AND_DEPTHS = r"""
-local key = ARGV[1]..':cancel:'..ARGV[2]
-local ids = redis.call('SMEMBERS', key)
-redis.call('DEL', key)
-return {ids, redis.call('HGETALL', ARGV[1]..':depth:'..ARGV[3])}
-"""
+TAKE_CANCELS = _TAKE_CANCELS + "return ids\n"
+# ...and with them the model's depth hash, flat: {ids, {tier, count, ...}} (a worker's ask before each step).
+TAKE_CANCELS_AND_DEPTHS = _TAKE_CANCELS + "return {ids, redis.call('HGETALL', ARGV[1]..':depth:'..ARGV[3])}\n"
 
 TAKE_DROPPED = r"""
 local key = ARGV[1]..':dropped:'..ARGV[2]
