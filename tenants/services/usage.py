@@ -3,14 +3,19 @@
 The worker writes it when a request finishes (stop, length, abort) or fails
 (error); the reaper writes it for a started request of a dead worker. Both
 may race for the same request, so creation is idempotent on request_id: the
-unique constraint decides, and get_or_create turns the loser into a read.
+unique constraint decides. `usage_records_insert` writes the records of many
+requests (a worker's engine step) as one `INSERT ... ON CONFLICT DO NOTHING`;
+`usage_record_create` writes one and returns it, the loser of a race reading
+the winner's.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 
 from tenants.models import ApiKey, UsageRecord
 
@@ -19,7 +24,7 @@ logger = logging.getLogger(__name__)
 _FINISH_REASONS = set(UsageRecord.FinishReason.values)
 
 
-def usage_record_create(
+def usage_record_fields(
     *,
     request_id: str,
     tenant_id: int,
@@ -36,17 +41,13 @@ def usage_record_create(
     ttft_s: float | None = None,
     duration_s: float = 0.0,
     worker_id: str = "",
-) -> tuple[UsageRecord, bool]:
-    """Create the request's record, or return the existing one (created False).
-
-    The first write wins: a second call with other numbers changes nothing.
-    """
+) -> dict[str, Any]:
+    """The model fields of one request's record, checked and clamped (counts >= 0, cached <= prompt)."""
     if finish_reason not in _FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {sorted(_FINISH_REASONS)}, not {finish_reason!r}")
-    if api_key_id is not None and not ApiKey.objects.filter(pk=api_key_id).exists():
-        api_key_id = None  # the key was deleted while the request ran; keep the record anyway
     prompt_tokens = max(0, int(prompt_tokens))
-    defaults = {
+    return {
+        "request_id": request_id,
         "tenant_id": tenant_id,
         "api_key_id": api_key_id,
         "model": model[:100],
@@ -62,8 +63,63 @@ def usage_record_create(
         "duration_s": max(0.0, float(duration_s)),
         "worker_id": (worker_id or "")[:100],
     }
+
+
+def _drop_deleted_keys(rows: list[dict[str, Any]]) -> None:
+    """A key deleted while its request ran: keep the record, without the key (one query for all rows)."""
+    key_ids = {row["api_key_id"] for row in rows if row["api_key_id"] is not None}
+    if not key_ids:
+        return
+    live = set(ApiKey.objects.filter(pk__in=key_ids).values_list("pk", flat=True))
+    for row in rows:
+        if row["api_key_id"] is not None and row["api_key_id"] not in live:
+            row["api_key_id"] = None
+
+
+def usage_record_create(**fields: Any) -> tuple[UsageRecord, bool]:
+    """Create the request's record, or return the existing one (created False).
+
+    Takes `usage_record_fields`' arguments. The first write wins: a second call
+    with other numbers changes nothing.
+    """
+    row = usage_record_fields(**fields)
+    _drop_deleted_keys([row])
+    request_id = row.pop("request_id")
     with transaction.atomic():
-        record, created = UsageRecord.objects.get_or_create(request_id=request_id, defaults=defaults)
+        record, created = UsageRecord.objects.get_or_create(request_id=request_id, defaults=row)
     if not created:
         logger.info("usage record for %s already exists; keeping the first one", request_id)
     return record, created
+
+
+def usage_records_insert(records: Iterable[Mapping[str, Any]]) -> int:
+    """Write the records of several requests in one statement; return how many were given.
+
+    Each item takes `usage_record_fields`' arguments (a bad one raises
+    ValueError before anything is written). A request that already has a
+    record keeps it (`ON CONFLICT DO NOTHING`: the first write wins, as in
+    `usage_record_create`). Two round trips whatever the number of records
+    (the API keys' check and the insert) instead of five or six per record.
+    """
+    rows = [usage_record_fields(**record) for record in records]
+    if not rows:
+        return 0
+    _drop_deleted_keys(rows)
+    try:
+        _insert(rows)
+    except IntegrityError:
+        if connection.in_atomic_block:
+            raise
+        # a key deleted between the check and the insert (its foreign key is checked at commit)
+        _drop_deleted_keys(rows)
+        _insert(rows)
+    return len(rows)
+
+
+def _insert(rows: list[dict[str, Any]]) -> None:
+    objects = [UsageRecord(**row) for row in rows]
+    if connection.in_atomic_block:  # a caller's transaction: a savepoint keeps it usable after a failure
+        with transaction.atomic():
+            UsageRecord.objects.bulk_create(objects, ignore_conflicts=True)
+    else:  # autocommit: the one statement is its own transaction
+        UsageRecord.objects.bulk_create(objects, ignore_conflicts=True)

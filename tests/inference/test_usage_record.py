@@ -1,4 +1,4 @@
-"""usage_record_create: one record per request id, whatever happens."""
+"""usage_record_create and usage_records_insert: one record per request id, whatever happens."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import threading
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from tenants.models import UsageRecord
-from tenants.services.usage import usage_record_create
+from tenants.services.usage import usage_record_create, usage_records_insert
 
 
 def _fields(tenant, **overrides):
@@ -58,28 +59,119 @@ def test_values_are_sanitised_and_a_deleted_key_is_tolerated(tenant_factory, api
     assert record.queued_s == 0.0 and record.completion_tokens == 0
 
 
-@pytest.mark.django_db(transaction=True)
-def test_racing_writers_leave_one_record(tenant_factory):
+def _race(writers: int, write) -> list:
+    """Run write(i) for each writer in its own thread (its own connection), all starting at once;
+    the results, or the exceptions raised."""
     if connection.vendor == "sqlite":
         pytest.skip("SQLite serialises writers; the race is meaningful on PostgreSQL (make test-postgres)")
-    tenant = tenant_factory()
-    barrier = threading.Barrier(6)
-    results: list[bool] = []
+    barrier = threading.Barrier(writers)
+    results: list = []
 
-    def write(i: int) -> None:
+    def run(i: int) -> None:
         from django.db import connection as thread_connection
 
         try:
             barrier.wait()
-            _record, created = usage_record_create(**_fields(tenant, request_id="raced", completion_tokens=i))
-            results.append(created)
+            results.append(write(i))
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            results.append(exc)
         finally:
             thread_connection.close()
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(writers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_writers_leave_one_record(tenant_factory):
+    tenant = tenant_factory()
+    results = _race(6, lambda i: usage_record_create(**_fields(tenant, request_id="raced", completion_tokens=i))[1])
     assert sorted(results) == [False] * 5 + [True]
     assert UsageRecord.objects.filter(request_id="raced").count() == 1
+
+
+# ---------------------------------------------------------------- usage_records_insert (the worker's batches)
+@pytest.mark.django_db
+def test_a_batch_is_written_and_a_request_with_a_record_keeps_the_first(tenant_factory, api_key_factory):
+    tenant = tenant_factory()
+    key = api_key_factory(tenant=tenant).api_key
+    usage_record_create(**_fields(tenant, request_id="b-1", completion_tokens=5))
+    batch = [_fields(tenant, request_id=f"b-{i}", api_key_id=key.pk, completion_tokens=10 + i, cached_tokens=99)
+             for i in range(4)]
+    assert usage_records_insert(batch) == 4
+    rows = {r.request_id: r for r in UsageRecord.objects.filter(request_id__startswith="b-")}
+    assert sorted(rows) == ["b-0", "b-1", "b-2", "b-3"]
+    assert rows["b-1"].completion_tokens == 5 and rows["b-1"].api_key_id is None  # the first write won
+    assert [rows[f"b-{i}"].completion_tokens for i in (0, 2, 3)] == [10, 12, 13]
+    assert {rows[f"b-{i}"].api_key_id for i in (0, 2, 3)} == {key.pk}
+    assert {rows[f"b-{i}"].cached_tokens for i in (0, 2, 3)} == {12}  # clamped to the prompt, as one by one
+    assert usage_records_insert([]) == 0
+
+
+@pytest.mark.django_db
+def test_a_bad_record_writes_nothing_of_its_batch(tenant_factory):
+    tenant = tenant_factory()
+    batch = [_fields(tenant, request_id="ok-1"), _fields(tenant, request_id="bad", finish_reason="timeout")]
+    with pytest.raises(ValueError):
+        usage_records_insert(batch)
+    assert not UsageRecord.objects.filter(request_id__in=["ok-1", "bad"]).exists()
+
+
+@pytest.mark.django_db
+def test_a_batch_costs_the_same_queries_whatever_its_size(tenant_factory, api_key_factory):
+    tenant = tenant_factory()
+    keys = [api_key_factory(tenant=tenant).api_key for _ in range(2)]
+    counts = []
+    for size in (1, 16):
+        batch = [_fields(tenant, request_id=f"q{size}-{i}", api_key_id=keys[i % 2].pk) for i in range(size)]
+        with CaptureQueriesContext(connection) as queries:
+            usage_records_insert(batch)
+        counts.append(len(queries))
+    assert counts[0] == counts[1]
+    assert UsageRecord.objects.filter(request_id__startswith="q16-").count() == 16
+    with CaptureQueriesContext(connection) as one_by_one:
+        for i in range(16):
+            usage_record_create(**_fields(tenant, request_id=f"single-{i}", api_key_id=keys[i % 2].pk))
+    assert counts[1] * 4 < len(one_by_one)  # one record at a time pays its queries per record
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_deleted_after_the_check_still_gets_its_records_written(tenant_factory, api_key_factory, monkeypatch):
+    from tenants.services import usage
+
+    tenant = tenant_factory()
+    gone = api_key_factory(tenant=tenant).api_key
+    kept = api_key_factory(tenant=tenant).api_key
+    gone_id = gone.pk
+    check = usage._drop_deleted_keys
+    calls = []
+
+    def stale_check(rows):  # the first check runs before the key is deleted: it finds it still there
+        calls.append(len(rows))
+        if len(calls) > 1:
+            check(rows)
+
+    monkeypatch.setattr(usage, "_drop_deleted_keys", stale_check)
+    gone.delete()
+    usage_records_insert([_fields(tenant, request_id="late-1", api_key_id=gone_id),
+                          _fields(tenant, request_id="late-2", api_key_id=kept.pk)])
+    assert len(calls) == 2  # the insert failed on the foreign key, was checked again and written
+    rows = dict(UsageRecord.objects.filter(request_id__startswith="late-").values_list("request_id", "api_key_id"))
+    assert rows == {"late-1": None, "late-2": kept.pk}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_batches_leave_one_record_per_request(tenant_factory):
+    tenant = tenant_factory()
+
+    def write(i: int) -> int:  # overlapping batches: every writer has "shared-*", each its own "own-i-*"
+        batch = [_fields(tenant, request_id=f"shared-{j}", completion_tokens=i) for j in range(8)]
+        return usage_records_insert(batch + [_fields(tenant, request_id=f"own-{i}-{j}") for j in range(4)])
+
+    assert _race(4, write) == [12] * 4
+    assert UsageRecord.objects.filter(request_id__startswith="shared-").count() == 8
+    assert UsageRecord.objects.filter(request_id__startswith="own-").count() == 16
