@@ -2,8 +2,10 @@
 
 The record is written before the event, so a client that sees the end of its
 stream can already find the record. Both the worker loop and the reaper end
-requests through here; usage_record_create is idempotent, so a request ended
-twice (a slow worker and the reaper racing) still has one record.
+requests through here (the loop writes the records of a step's finished
+requests in one insert: `job_ending`, `usage_records_safe`); the insert is
+idempotent, so a request ended twice (a slow worker and the reaper racing)
+still has one record, the first.
 """
 
 from __future__ import annotations
@@ -51,27 +53,31 @@ def done_event(
     return event
 
 
-def usage_record_safe(**kwargs: Any) -> bool:
-    """usage_record_create, never raising (a database hiccup must not kill the loop).
+def usage_records_safe(records: list[dict[str, Any]]) -> bool:
+    """usage_records_insert (one statement for all `records`), never raising: a database
+    hiccup must not kill the loop. True when written.
 
     Retries a few times on OperationalError (SQLite "database is locked",
     a dropped PostgreSQL connection), reconnecting in between.
     """
-    from tenants.services.usage import usage_record_create
+    from tenants.services.usage import usage_records_insert
 
+    if not records:
+        return True
+    ids = [record.get("request_id") for record in records]
     for attempt in range(4):
         try:
-            _record, created = usage_record_create(**kwargs)
-            return created
+            usage_records_insert(records)
+            return True
         except OperationalError:
-            logger.warning("usage record of %s: database busy or gone, retrying", kwargs.get("request_id"))
+            logger.warning("usage records of %s: database busy or gone, retrying", ids)
             _reconnect()
             time.sleep(0.05 * (attempt + 1))
         except Exception:  # noqa: BLE001
-            logger.exception("could not write the usage record of %s", kwargs.get("request_id"))
+            logger.exception("could not write the usage records of %s", ids)
             _reconnect()
             return False
-    logger.error("gave up writing the usage record of %s", kwargs.get("request_id"))
+    logger.error("gave up writing the usage records of %s", ids)
     return False
 
 
@@ -84,10 +90,9 @@ def _reconnect() -> None:
         pass
 
 
-def job_finish(
+def job_ending(
     *,
     job: Job,
-    sink: EventSink,
     worker_id: str,
     finish_reason: str,
     prompt_tokens: int = 0,
@@ -100,43 +105,42 @@ def job_finish(
     extra_timing: dict[str, Any] | None = None,
     now: float | None = None,
     error_param: str | None = None,
-    events: list[tuple[str, dict]] | None = None,
-) -> None:
-    """Record usage and send the done event. Times are seconds since job.enqueued_at.
-
-    With `events`, the done event is appended there (channel, event) for the
-    caller to send with the rest of its step, instead of being sent now.
-    """
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(usage record fields, done event) of a request ending now. Times are seconds since job.enqueued_at."""
     now = time.time() if now is None else now
     e2e_s = max(0.0, now - job.enqueued_at)
     queued_s = e2e_s if queued_s is None else max(0.0, queued_s)
-    usage_record_safe(
-        request_id=job.request_id,
-        tenant_id=job.tenant_id,
-        api_key_id=job.api_key_id,
-        model=job.model,
-        tier=job.tier,
-        endpoint=job.endpoint,
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens,
-        completion_tokens=completion_tokens,
-        finish_reason=finish_reason,
-        error=error,
-        queued_s=queued_s,
-        ttft_s=ttft_s,
-        duration_s=e2e_s,
-        worker_id=worker_id,
-    )
+    record = {
+        "request_id": job.request_id,
+        "tenant_id": job.tenant_id,
+        "api_key_id": job.api_key_id,
+        "model": job.model,
+        "tier": job.tier,
+        "endpoint": job.endpoint,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "completion_tokens": completion_tokens,
+        "finish_reason": finish_reason,
+        "error": error,
+        "queued_s": queued_s,
+        "ttft_s": ttft_s,
+        "duration_s": e2e_s,
+        "worker_id": worker_id,
+    }
     timing = {"queued_s": queued_s, "ttft_s": ttft_s, "e2e_s": e2e_s, **(extra_timing or {})}
     event = done_event(
         request_id=job.request_id, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, completion_tokens=completion_tokens, timing=timing, error=error,
         stop_reason=stop_reason, error_param=error_param,
     )
-    if events is not None:
-        events.append((job.reply_channel, event))
-    else:
-        sink.send(job.reply_channel, event)
+    return record, event
+
+
+def job_finish(*, job: Job, sink: EventSink, **ending: Any) -> None:
+    """Record usage, then send the done event (`job_ending`'s arguments)."""
+    record, event = job_ending(job=job, **ending)
+    usage_records_safe([record])
+    sink.send(job.reply_channel, event)
 
 
 def job_fail(*, job: Job, sink: EventSink, worker_id: str, error: str, prompt_tokens: int = 0,

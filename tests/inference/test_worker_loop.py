@@ -298,18 +298,18 @@ def test_drain_finishes_running_work_and_takes_no_more(engine, harness_factory, 
 
 @pytest.fixture
 def held_records(monkeypatch):
-    """(writing, gate): usage-record writes set `writing`, then wait until the test sets `gate`."""
-    from inference.worker import finish
+    """(writing, gate): the finisher's usage-record writes set `writing`, then wait until the test sets `gate`."""
+    from inference.worker import loop
 
     writing, gate = threading.Event(), threading.Event()
-    write = finish.usage_record_safe
+    write = loop.usage_records_safe
 
-    def held(**fields):
+    def held(records):
         writing.set()
         assert gate.wait(60)
-        return write(**fields)
+        return write(records)
 
-    monkeypatch.setattr(finish, "usage_record_safe", held)
+    monkeypatch.setattr(loop, "usage_records_safe", held)
     return writing, gate
 
 
