@@ -115,6 +115,9 @@ class RedisJobQueue(JobQueue):
     def complete(self, worker_id: str, request_id: str) -> bool:
         return bool(self._run("COMPLETE", worker_id, request_id))
 
+    def complete_many(self, worker_id: str, request_ids: list[str]) -> set[str]:
+        return set(self._run("COMPLETE", worker_id, *request_ids)) if request_ids else set()
+
     def take_cancellations(self, worker_id: str) -> set[str]:
         return set(self._run("TAKE_CANCELS", worker_id))
 

@@ -99,13 +99,20 @@ end
 return out
 """
 
+# ARGV: P, worker, request id, ...; the ids whose leases this worker still held, released.
 COMPLETE = r"""
-local P, w, rid = ARGV[1], ARGV[2], ARGV[3]
-if redis.call('HDEL', P..':lease:'..w, rid) == 0 then return 0 end
-redis.call('HDEL', P..':jobs', rid)
-redis.call('HDEL', P..':loc', rid)
-redis.call('SREM', P..':cancel:'..w, rid)
-return 1
+local P, w = ARGV[1], ARGV[2]
+local out = {}
+for i = 3, #ARGV do
+  local rid = ARGV[i]
+  if redis.call('HDEL', P..':lease:'..w, rid) == 1 then
+    redis.call('HDEL', P..':jobs', rid)
+    redis.call('HDEL', P..':loc', rid)
+    redis.call('SREM', P..':cancel:'..w, rid)
+    out[#out + 1] = rid
+  end
+end
+return out
 """
 
 # ARGV: P, worker[, model]; the worker's cancelled ids, cleared.

@@ -414,7 +414,7 @@ class WorkerLoop:
 
     def _finish_all(self, finished: list[tuple[_Active, Any]], now: float) -> None:
         """(The finisher thread.) The usage records of the requests a step finished, in one insert,
-        then their done events, together, then their leases released."""
+        then their done events, together, then their leases released (one call)."""
         records: list[dict] = []
         dones: list[tuple[str, dict]] = []
         for active, output in finished:
@@ -432,8 +432,11 @@ class WorkerLoop:
             self.sink.send_many(dones)
         except Exception:  # noqa: BLE001 - never an exception left in the future the loop may wait on
             logger.exception("sending %d done events failed", len(dones))
-        for active, _output in finished:
-            self._complete(active.job.request_id)
+        ids = [active.job.request_id for active, _output in finished]
+        try:
+            self.queue.complete_many(self.worker_id, ids)
+        except Exception:  # noqa: BLE001 - their leases stay until this worker leaves or is reaped
+            logger.exception("completing %s failed", ids)
 
     def _marked_ahead(self, ids: list[str], future: Future) -> None:
         """The answer to a mark sent during the step (done by now: a step outlasts a round trip)."""

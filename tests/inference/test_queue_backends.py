@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -15,6 +16,23 @@ from inference.queue.redis_backend import RedisJobQueue
 from tests.inference.queue_helpers import REDIS_TEST_URL, make_job, queue_factory, require_redis  # noqa: F401
 
 WEIGHTS = {"enterprise": 8, "pro": 4, "free": 1}
+
+
+@contextlib.contextmanager
+def redis_commands(queue: RedisJobQueue):
+    """The names of the commands `queue` sends to Redis inside the block (they still run)."""
+    commands: list[str] = []
+    execute = queue.redis.execute_command
+
+    def counting(*args, **options):
+        commands.append(str(args[0]).upper())
+        return execute(*args, **options)
+
+    queue.redis.execute_command = counting
+    try:
+        yield commands
+    finally:
+        queue.redis.execute_command = execute
 
 
 def lease_one_by_one(queue, n: int, worker: str = "w1", model: str = "m") -> list[Job]:
@@ -199,23 +217,44 @@ def test_on_redis_a_worker_with_nothing_queued_asks_once_per_step():
     queue = RedisJobQueue(url=REDIS_TEST_URL, prefix=f"test:{uuid.uuid4().hex}")
     queue.enqueue(make_job())
     queue.take_cancellations_and_lease("w0", "m", 1)  # both scripts in Redis's cache, as in a running worker
-    commands: list[str] = []
-    execute = queue.redis.execute_command
-
-    def counting(*args, **options):
-        commands.append(str(args[0]).upper())
-        return execute(*args, **options)
-
-    queue.redis.execute_command = counting
-    assert queue.take_cancellations_and_lease("w1", "m", 8) == (set(), [])
+    with redis_commands(queue) as commands:
+        assert queue.take_cancellations_and_lease("w1", "m", 8) == (set(), [])
     assert commands == ["EVALSHA"]
-    queue.redis.execute_command = execute
     queue.enqueue(make_job())
-    commands.clear()
-    queue.redis.execute_command = counting
-    assert len(queue.take_cancellations_and_lease("w1", "m", 8)[1]) == 1
+    with redis_commands(queue) as commands:
+        assert len(queue.take_cancellations_and_lease("w1", "m", 8)[1]) == 1
     assert commands == ["EVALSHA", "EVALSHA"]  # the lease itself, when something is queued
-    queue.redis.execute_command = execute
+    queue.flush()
+
+
+def test_complete_many_releases_what_the_worker_still_holds(queue_factory):
+    queue = queue_factory()
+    jobs = [make_job() for _ in range(4)]
+    for job in jobs:
+        queue.enqueue(job)
+    leased = [j.request_id for j in queue.lease("w1", "m", 3)]
+    other = queue.lease("w2", "m", 1)[0].request_id
+    queue.cancel(leased[1])  # a cancellation pending for a lease is cleared with it
+    assert queue.complete("w1", leased[0])
+    assert queue.complete_many("w1", [leased[0], leased[1], leased[2], other, "unknown"]) == {leased[1], leased[2]}
+    assert queue.leases("w1") == {}
+    assert queue.take_cancellations("w1") == set()
+    assert queue.leases("w2") == {other: False}  # another worker's lease is not touched
+    assert queue.complete_many("w1", []) == set()
+    assert queue.complete_many("w2", [other]) == {other}
+
+
+def test_on_redis_complete_many_is_one_round_trip():
+    require_redis()
+    queue = RedisJobQueue(url=REDIS_TEST_URL, prefix=f"test:{uuid.uuid4().hex}")
+    for _ in range(6):
+        queue.enqueue(make_job())
+    ids = [j.request_id for j in queue.lease("w1", "m", 6)]
+    queue.complete("w1", ids.pop())  # the script in Redis's cache, as in a running worker
+    with redis_commands(queue) as commands:
+        assert queue.complete_many("w1", ids) == set(ids)
+    assert commands == ["EVALSHA"]
+    assert queue.leases("w1") == {}
     queue.flush()
 
 
