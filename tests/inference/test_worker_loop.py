@@ -298,24 +298,26 @@ def test_drain_finishes_running_work_and_takes_no_more(engine, harness_factory, 
 
 @pytest.fixture
 def held_records(monkeypatch):
-    """(writing, gate): the finisher's usage-record writes set `writing`, then wait until the test sets `gate`."""
+    """(writing, gate, sizes): the finisher's usage-record writes set `writing`, then wait until the
+    test sets `gate`; `sizes` gets the number of records of each write."""
     from inference.worker import loop
 
-    writing, gate = threading.Event(), threading.Event()
+    writing, gate, sizes = threading.Event(), threading.Event(), []
     write = loop.usage_records_safe
 
     def held(records):
+        sizes.append(len(records))
         writing.set()
         assert gate.wait(60)
         return write(records)
 
     monkeypatch.setattr(loop, "usage_records_safe", held)
-    return writing, gate
+    return writing, gate, sizes
 
 
 def test_usage_records_are_written_off_the_engine_thread_and_each_precedes_its_done_event(
         engine, harness_factory, tenant_factory, held_records):
-    writing, gate = held_records
+    writing, gate, _sizes = held_records
     tenant = tenant_factory()
     harness = harness_factory()
     short = chat_job(engine, tenant, "Say hi.", max_tokens=2, ignore_eos=True)
@@ -335,8 +337,29 @@ def test_usage_records_are_written_off_the_engine_thread_and_each_precedes_its_d
     assert harness.queue.leases("w-test") == {}  # both leases released after their records
 
 
+def test_a_finisher_that_fell_behind_writes_what_piled_up_in_one_insert(
+        engine, harness_factory, tenant_factory, held_records):
+    writing, gate, sizes = held_records
+    tenant = tenant_factory()
+    harness = harness_factory()
+    first = chat_job(engine, tenant, "One.", max_tokens=1, ignore_eos=True)
+    later = [chat_job(engine, tenant, f"Count to {n}.", max_tokens=n, ignore_eos=True) for n in (2, 3, 4)]
+    for job in [first, *later]:
+        harness.queue.enqueue(job)
+    assert writing.wait(60)  # the first one's record is being written (and held)
+    for job, n in zip(later, (2, 3, 4)):  # the others end in later steps meanwhile
+        assert [harness.receive(job.reply_channel)["type"] for _ in range(n)] == ["engine.delta"] * n
+    gate.set()
+    for job, n in zip([first, *later], (1, 2, 3, 4)):
+        assert harness.collect(job.reply_channel)[1]["usage"]["completion_tokens"] == n
+        assert record(job.request_id).completion_tokens == n
+    assert sizes[0] == 1 and sum(sizes) == 4
+    assert max(sizes[1:]) >= 2  # the finishes of different steps went into one insert
+    assert harness.queue.leases("w-test") == {}
+
+
 def test_a_finisher_that_falls_behind_holds_the_engine_back(engine, harness_factory, tenant_factory, held_records):
-    writing, gate = held_records
+    writing, gate, _sizes = held_records
     tenant = tenant_factory()
     harness = harness_factory()
     harness.loop.finish_backlog = 1
