@@ -76,6 +76,8 @@ def usage_records_safe(records: list[dict[str, Any]]) -> bool:
         except Exception:  # noqa: BLE001
             logger.exception("could not write the usage records of %s", ids)
             _reconnect()
+            if len(records) > 1:  # one bad record must not cost the others theirs
+                return all([usage_records_safe([record]) for record in records])
             return False
     logger.error("gave up writing the usage records of %s", ids)
     return False

@@ -421,7 +421,10 @@ class WorkerLoop:
         while self._to_finish:
             batch.append(self._to_finish.popleft())
         if batch:
-            self._finish_all(batch)
+            try:
+                self._finish_all(batch)
+            except Exception:  # noqa: BLE001 - never an exception left in the future the loop may wait on
+                logger.exception("finishing %s failed", [active.job.request_id for active, _o, _n in batch])
 
     def _finish_all(self, finished: list[tuple[_Active, Any, float]]) -> None:
         """The usage records of `finished` (active, engine output, when), in one insert, then their
@@ -441,7 +444,7 @@ class WorkerLoop:
         usage_records_safe(records)
         try:
             self.sink.send_many(dones)
-        except Exception:  # noqa: BLE001 - never an exception left in the future the loop may wait on
+        except Exception:  # noqa: BLE001 - the leases are still released
             logger.exception("sending %d done events failed", len(dones))
         ids = [active.job.request_id for active, _output, _now in finished]
         try:

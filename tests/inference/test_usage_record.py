@@ -175,3 +175,17 @@ def test_racing_batches_leave_one_record_per_request(tenant_factory):
     assert _race(4, write) == [12] * 4
     assert UsageRecord.objects.filter(request_id__startswith="shared-").count() == 8
     assert UsageRecord.objects.filter(request_id__startswith="own-").count() == 16
+
+
+@pytest.mark.django_db
+def test_the_workers_writer_keeps_the_good_records_of_a_batch_with_a_bad_one(tenant_factory):
+    from inference.worker.finish import usage_records_safe
+
+    tenant = tenant_factory()
+    batch = [_fields(tenant, request_id="s-1"), _fields(tenant, request_id="s-bad", finish_reason="timeout"),
+             _fields(tenant, request_id="s-2")]
+    assert usage_records_safe(batch) is False  # not all written
+    assert sorted(UsageRecord.objects.filter(request_id__startswith="s-").values_list("request_id", flat=True)) == [
+        "s-1", "s-2"]
+    assert usage_records_safe(batch[:1] + batch[2:]) is True  # written again: the first records stay
+    assert UsageRecord.objects.filter(request_id__startswith="s-").count() == 2
