@@ -98,8 +98,9 @@ def usage_records_insert(records: Iterable[Mapping[str, Any]]) -> int:
     Each item takes `usage_record_fields`' arguments (a bad one raises
     ValueError before anything is written). A request that already has a
     record keeps it (`ON CONFLICT DO NOTHING`: the first write wins, as in
-    `usage_record_create`). Two round trips whatever the number of records
-    (the API keys' check and the insert) instead of five or six per record.
+    `usage_record_create`). The same few round trips whatever the number of
+    records (the API keys' check, then the insert in a transaction of its
+    own) instead of five or six per record.
     """
     rows = [usage_record_fields(**record) for record in records]
     if not rows:
@@ -121,5 +122,5 @@ def _insert(rows: list[dict[str, Any]]) -> None:
     if connection.in_atomic_block:  # a caller's transaction: a savepoint keeps it usable after a failure
         with transaction.atomic():
             UsageRecord.objects.bulk_create(objects, ignore_conflicts=True)
-    else:  # autocommit: the one statement is its own transaction
+    else:  # bulk_create runs the insert in a transaction of its own
         UsageRecord.objects.bulk_create(objects, ignore_conflicts=True)
