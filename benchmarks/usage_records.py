@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _compare import medians_against  # noqa: E402
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_site.settings")
 os.environ.setdefault("SECRET_KEY", "benchmark-only-secret-key-not-for-serving")
 
@@ -83,12 +83,10 @@ def main() -> None:
         UsageRecord.objects.filter(tenant=tenant).delete()
         key.delete()
         tenant.delete()
-    base = statistics.median(samples["one at a time (usage_record_create)"])
+    medians, speedup = medians_against(samples, "one at a time (usage_record_create)", unit="ms/record",
+                                       prefix=f"{connection.vendor:10s} ")
     report = {"database": connection.vendor, "records": args.records, "rounds": args.rounds,
-              "ms_per_record": {name: round(statistics.median(s), 4) for name, s in samples.items()}}
-    report["speedup"] = {name: round(base / ms, 2) for name, ms in report["ms_per_record"].items()}
-    for name, ms in report["ms_per_record"].items():
-        print(f"{connection.vendor:10s} {name:40s} {ms:7.3f} ms/record  x{report['speedup'][name]:.2f}")
+              "ms_per_record": medians, "speedup": speedup}
     if args.json:
         print(json.dumps(report))
 
