@@ -1,17 +1,55 @@
 """Incremental detokenization of generated tokens.
 
-Only generated tokens are decoded (the prompt never leaks into a delta). Each
-new token decodes a short window: the text of tokens[prefix:] minus the text
-of tokens[prefix:read]. While that window ends in U+FFFD (a UTF-8 character
-whose bytes are split across tokens, common for CJK and emoji), nothing is
-emitted and the window grows until the character is complete. `finish()`
-emits whatever is still pending, so the concatenated deltas equal
-`tokenizer.decode(all_generated_tokens)`.
+Only generated tokens are decoded (the prompt never leaks into a delta), and
+the concatenated deltas, with what `finish()` flushes, equal
+`tokenizer.decode(all_generated_tokens)`. A UTF-8 character whose bytes are
+split across tokens (common for CJK and emoji) is emitted once complete.
+
+`detokenizer_for` picks one of two:
+- `ByteLevelDetokenizer`, for byte-level BPE tokenizers (GPT-2 style: SmolLM2,
+  Llama 3, Qwen), whose decoder maps each token to fixed bytes and decodes them
+  as UTF-8, invalid bytes replaced: one incremental UTF-8 decoder over the
+  tokens' bytes gives the same text, at a table lookup per token.
+- `IncrementalDetokenizer`, for any tokenizer: each new token decodes a short
+  window, the text of tokens[prefix:] minus the text of tokens[prefix:read];
+  while that window ends in U+FFFD nothing is emitted and the window grows.
 """
 
 from __future__ import annotations
 
+import codecs
+
 _REPLACEMENT = "\ufffd"
+_utf8_decoder = codecs.getincrementaldecoder("utf-8")
+
+
+def detokenizer_for(tokenizer, *, skip_special_tokens: bool = True):
+    """The detokenizer for one request's generated tokens (see the module docstring)."""
+    if getattr(tokenizer, "byte_level", False):
+        return ByteLevelDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+    return IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+
+
+class ByteLevelDetokenizer:
+    """Byte-level BPE: each token's bytes through one incremental UTF-8 decoder (errors replaced,
+    as the tokenizer's ByteLevel decoder does; an incomplete character waits for its last byte)."""
+
+    __slots__ = ("_bytes", "_skip", "_decoder")
+
+    def __init__(self, tokenizer, *, skip_special_tokens: bool = True) -> None:
+        self._bytes = tokenizer.token_bytes_table()
+        self._skip = tokenizer.skipped_special_ids if skip_special_tokens else frozenset()
+        self._decoder = _utf8_decoder(errors="replace")
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the newly completed text (possibly empty)."""
+        if token_id in self._skip or not 0 <= token_id < len(self._bytes):  # (ids past the vocabulary decode to nothing)
+            return ""
+        return self._decoder.decode(self._bytes[token_id])
+
+    def finish(self) -> str:
+        """Return the text still held back: an incomplete character at the very end, as U+FFFD."""
+        return self._decoder.decode(b"", final=True)
 
 
 class IncrementalDetokenizer:

@@ -30,7 +30,7 @@ import torch
 
 from inference.engine.block_manager import BlockManager
 from inference.engine.config import EngineConfig
-from inference.engine.detokenizer import IncrementalDetokenizer
+from inference.engine.detokenizer import detokenizer_for
 from inference.engine.logprobs import LogprobFormatter
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import RequestOutput, Timing, Usage
@@ -82,6 +82,8 @@ class Engine:
         self.eos_token_id = self.tokenizer.eos_token_id
         self.sampler = Sampler(eos_token_id=self.eos_token_id, seed=config.seed)
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
+        if self.tokenizer.byte_level:
+            self.tokenizer.token_bytes_table()  # now, not in the first request's step (detokenizer, logprobs)
         self._pending: list[RequestOutput] = []  # abort notices for the next step()
         # async_output: (seq, token, sampled logprobs, output count, stopped by a stop token) awaiting their outputs
         self._deferred: list[tuple] = []
@@ -118,7 +120,7 @@ class Engine:
                        cache_salt=cache_salt, arrival_time=arrival_time)
         if sampling.seed is not None:
             seq.generator = torch.Generator().manual_seed(sampling.seed)
-        seq.detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sampling.skip_special_tokens)
+        seq.detok = detokenizer_for(self.tokenizer, skip_special_tokens=sampling.skip_special_tokens)
         seq.stopper = StopChecker(sampling, eos_token_id=self.eos_token_id, max_tokens=max_tokens,
                                   max_model_len=self.max_model_len)
         self.scheduler.add(seq)

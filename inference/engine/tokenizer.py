@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
@@ -127,9 +127,23 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes a token stands for (a piece of UTF-8 that may be incomplete on its own)."""
+        return self.token_bytes_table()[int(token_id)]
+
+    @property
+    def byte_level(self) -> bool:
+        """Byte-level BPE (GPT-2 style): a text is its tokens' bytes (`token_bytes`) decoded as UTF-8."""
+        return self._byte_level
+
+    def token_bytes_table(self) -> list[bytes]:
+        """`token_bytes` of every id, indexed by id (built once, on first use)."""
         if self._token_bytes is None:
             self._token_bytes = self._build_token_bytes()
-        return self._token_bytes[int(token_id)]
+        return self._token_bytes
+
+    @cached_property
+    def skipped_special_ids(self) -> frozenset[int]:
+        """The ids `decode(..., skip_special_tokens=True)` leaves out: the backend's special added tokens."""
+        return frozenset(i for i, token in self.backend.get_added_tokens_decoder().items() if token.special)
 
     def _build_token_bytes(self) -> list[bytes]:
         table: list[bytes] = []
