@@ -6,8 +6,8 @@
     python benchmarks/gpu_engine.py --json                # last line: one JSON object
 
 For each shape it writes a random-weight checkpoint (transformers
-LlamaForCausalLM, safetensors, plus a word-level tokenizer.json so the engine
-can detokenize), then:
+LlamaForCausalLM, safetensors, plus a byte-level BPE tokenizer.json like the
+real models' so the engine detokenizes as it would for them), then:
   1. checks the engine's greedy tokens against transformers' greedy generate on
      the same weights (float32 must match; bfloat16, engine and transformers
      alike, reported as agreement with transformers float32);
@@ -77,7 +77,7 @@ SMOKE = Workload((1, 4), 64, 5, 8, 32, 16, 3, 8)
 
 
 def write_checkpoint(shape: Shape, path: Path, seed: int) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -94,11 +94,30 @@ def write_checkpoint(shape: Shape, path: Path, seed: int) -> None:
             if param.dim() == 2:
                 param.normal_(0.0, 0.05 if "embed" not in name else 1.0)
     model.save_pretrained(path, safe_serialization=True)
-    vocab = {f"<t{i}>": i for i in range(shape.vocab)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<t2>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = Tokenizer(models.BPE(byte_level_vocab(shape.vocab), merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|bos|>", "<|eos|>")])
     tokenizer.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<t0>", "eos_token": "<t1>"}))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|bos|>", "eos_token": "<|eos|>"}))
+
+
+def byte_level_vocab(size: int) -> dict[str, int]:
+    """A byte-level BPE vocabulary of `size` (GPT-2 style, as SmolLM2's and Llama 3's are, so the
+    engine detokenizes as it would for them): ids 0 and 1 the special bos/eos, then the 256 single
+    bytes, then distinct 2- and 3-byte tokens."""
+    from itertools import product
+
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<|bos|>": 0, "<|eos|>": 1}
+    pieces = (("".join(p) for n in (1, 2, 3) for p in product(alphabet, repeat=n)))
+    for piece in pieces:
+        if len(vocab) == size:
+            break
+        vocab[piece] = len(vocab)
+    return vocab
 
 
 def sync(device: torch.device) -> None:
