@@ -7,10 +7,12 @@ runs real `Engine.step()`s over B sequences with C-token contexts on a
 Llama-shaped random-weight model made tiny (hidden 64, 2 layers) so the model
 is cheap, with a byte-level BPE tokenizer like the real models'
 (`gpu_engine.write_checkpoint`), and reports the engine's own phase timers per
-step: schedule, prepare, output (with `async_output`, as on CUDA, the output
-phase is the previous step's detokenizing, stop checks and RequestOutputs).
+step: schedule, prepare, take (appending the sampled tokens, stop-token and
+length checks) and output (with `async_output`, as on CUDA, the previous
+step's detokenizing, stop strings and RequestOutputs, which overlap the GPU;
+schedule + prepare + take do not).
 
-Peers in the same run, interleaved: the two detokenizers (`--detokenizers`).
+Peers in the same run, interleaved: the two detokenizers.
 
     python benchmarks/engine_host.py                      # batch 256, context 1024
     python benchmarks/engine_host.py --batch 64 --context 512 --rounds 5 --json
@@ -54,14 +56,14 @@ def run_steps(path: Path, args, detokenizer: str) -> dict[str, float]:
     while len(started) < args.batch:
         started.update(o.request_id for o in engine.step() if o.new_token_ids)
     engine.step()
-    phases: dict[str, list[float]] = {"step": [], "schedule": [], "prepare": [], "output": []}
+    phases: dict[str, list[float]] = {"step": [], "schedule": [], "prepare": [], "take": [], "output": []}
     for _ in range(args.steps):
         before = dict(engine.timers)
         t = time.perf_counter()
         outputs = engine.step()
         phases["step"].append((time.perf_counter() - t) * 1e3)
         assert len(outputs) == args.batch, len(outputs)
-        for name in ("schedule", "prepare", "output"):
+        for name in ("schedule", "prepare", "take", "output"):
             phases[name].append((engine.timers[f"{name}_s"] - before[f"{name}_s"]) * 1e3)
     engine_module.detokenizer_for = detokenizer_for
     return {name: statistics.median(values) for name, values in phases.items()}
@@ -87,7 +89,7 @@ def main() -> None:
             for name in DETOKENIZERS:
                 rounds[name].append(run_steps(path, args, name))
     report = {"batch": args.batch, "context": args.context, "steps": args.steps, "rounds": args.rounds, "ms_per_step": {}}
-    for phase in ("output", "schedule", "prepare", "step"):
+    for phase in ("output", "schedule", "prepare", "take", "step"):
         print(f"-- {phase} ms per step (median of {args.rounds} rounds of {args.steps} steps' medians)")
         samples = {f"{name} detokenizer": [r[phase] for r in rounds[name]] for name in DETOKENIZERS}
         report["ms_per_step"][phase] = medians_against(samples, "window detokenizer", unit="ms")[0]

@@ -255,7 +255,7 @@ def decode_step_times(path: Path, shape: Shape, device: torch.device, dtype: str
         # host-only phases (scheduling, input preparation, detokenizing/stop checks/outputs); the model and
         # sampler phases include waiting for the GPU (the sampler's token copy is the step's one sync)
         phases = {k: v * 1e3 / work.timed_steps for k, v in engine.timers.items()}
-        host_ms = phases["schedule_s"] + phases["prepare_s"] + phases["output_s"]
+        host_ms = phases["schedule_s"] + phases["prepare_s"] + phases["take_s"] + phases["output_s"]
         rows.append({"batch": batch, "context": work.context, "step_ms": step_s * 1e3,
                      "tok_s": batch / step_s, "roofline_ms": roofline_s * 1e3,
                      "x_roofline": step_s / roofline_s, "forward_graph_ms": graph_ms, "phases_ms": phases,
@@ -355,13 +355,13 @@ def main() -> None:
             entry["decode"] = decode_step_times(path, shape, device, args.dtype, work, bandwidth)
             print(f"[{shape_name}] {'batch':>5s} {'ctx':>5s} {'step ms':>9s} {'tok/s':>10s} "
                   f"{'roofline ms':>12s} {'x roofline':>10s} {'fwd ms':>7s} {'host %':>7s}  "
-                  "phases ms (sched/prep/model/sample/out)")
+                  "phases ms (sched/prep/model/sample/take/out)")
             for row in entry["decode"]:
                 ph = row["phases_ms"]
                 print(f"[{shape_name}] {row['batch']:5d} {row['context']:5d} {row['step_ms']:9.3f} "
                       f"{row['tok_s']:10.1f} {row['roofline_ms']:12.3f} {row['x_roofline']:10.2f} "
                       f"{row['forward_graph_ms'] or float('nan'):7.3f} {100 * row['host_overhead']:6.1f}%  {ph['schedule_s']:.3f}/{ph['prepare_s']:.3f}/"
-                      f"{ph['model_s']:.3f}/{ph['sample_s']:.3f}/{ph['output_s']:.3f}")
+                      f"{ph['model_s']:.3f}/{ph['sample_s']:.3f}/{ph['take_s']:.3f}/{ph['output_s']:.3f}")
             entry["throughput"] = throughput(path, shape, device, args.dtype, work)
             t = entry["throughput"]
             print(f"[{shape_name}] {t['requests']}x({t['prompt_len']} in / {t['output_len']} out): engine "

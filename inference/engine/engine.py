@@ -92,8 +92,12 @@ class Engine:
         self._ids = itertools.count()
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
         self.counters = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0}
-        # Wall time per phase of step(); everything but model_s is engine overhead.
-        self.timers = {"schedule_s": 0.0, "prepare_s": 0.0, "model_s": 0.0, "sample_s": 0.0, "output_s": 0.0}
+        # Wall time per phase of step(); everything but model_s is engine overhead. take_s: appending the
+        # sampled tokens and their stop-token / length checks (what the next schedule needs: with
+        # async_output on a GPU, host time between two forwards, with schedule_s and prepare_s);
+        # output_s: text deltas, stop strings, RequestOutputs (async_output: while the GPU runs).
+        self.timers = {"schedule_s": 0.0, "prepare_s": 0.0, "model_s": 0.0, "sample_s": 0.0, "take_s": 0.0,
+                       "output_s": 0.0}
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -179,13 +183,15 @@ class Engine:
                 continue
             lp = sampled.logprobs[i] if sampled.logprobs is not None else None
             taken.append(self._take_token(seq, sampled.token_ids[i], lp, now))
+        t3b = time.perf_counter()
         if self.async_output:
             self._deferred = taken
         else:
             outputs += [self._emit(t, now) for t in taken]
         t4 = time.perf_counter()
         self.timers["sample_s"] += (t2b - t2) + (t3 - t2c)
-        self.timers["output_s"] += (t2c - t2b) + (t4 - t3)
+        self.timers["take_s"] += t3b - t3
+        self.timers["output_s"] += (t2c - t2b) + (t4 - t3b)
         self.timers["prepare_s"] += t1b - t1
         self.timers["model_s"] += t2 - t1b
         n_prompt = batch.num_tokens - len(seqs)
