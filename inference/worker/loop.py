@@ -538,9 +538,6 @@ class WorkerLoop:
 
     def _release(self, request_id: str) -> None:
         self.active.pop(request_id, None)
-        self._complete(request_id)
-
-    def _complete(self, request_id: str) -> None:
         try:
             self.queue.complete(self.worker_id, request_id)
         except Exception:  # noqa: BLE001
