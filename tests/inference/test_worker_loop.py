@@ -315,16 +315,24 @@ def held_records(monkeypatch):
     return writing, gate, sizes
 
 
+def start_until_a_record_is_held(engine, harness, tenant, writing, jobs: list[tuple[str, int]]) -> list:
+    """Queue one chat job per (prompt, max_tokens) (ignore_eos) and wait until the finisher's first
+    write is held: the first of them finished."""
+    made = [chat_job(engine, tenant, text, max_tokens=n, ignore_eos=True) for text, n in jobs]
+    for job in made:
+        harness.queue.enqueue(job)
+    assert writing.wait(60)
+    return made
+
+
 def test_usage_records_are_written_off_the_engine_thread_and_each_precedes_its_done_event(
         engine, harness_factory, tenant_factory, held_records):
     writing, gate, _sizes = held_records
     tenant = tenant_factory()
     harness = harness_factory()
-    short = chat_job(engine, tenant, "Say hi.", max_tokens=2, ignore_eos=True)
-    long = chat_job(engine, tenant, "Describe a forest.", max_tokens=16, ignore_eos=True)
-    harness.queue.enqueue(short)
-    harness.queue.enqueue(long)
-    assert writing.wait(60)  # the short one finished; its record is being written (and held)
+    # the short one finishes first; its record is being written (and held)
+    short, long = start_until_a_record_is_held(engine, harness, tenant, writing,
+                                               [("Say hi.", 2), ("Describe a forest.", 16)])
     # the engine steps on meanwhile: the long request streams all its tokens
     assert [harness.receive(long.reply_channel)["type"] for _ in range(16)] == ["engine.delta"] * 16
     assert record_count(request_id=short.request_id) == 0
@@ -342,11 +350,9 @@ def test_a_finisher_that_fell_behind_writes_what_piled_up_in_one_insert(
     writing, gate, sizes = held_records
     tenant = tenant_factory()
     harness = harness_factory()
-    first = chat_job(engine, tenant, "One.", max_tokens=1, ignore_eos=True)
-    later = [chat_job(engine, tenant, f"Count to {n}.", max_tokens=n, ignore_eos=True) for n in (2, 3, 4)]
-    for job in [first, *later]:
-        harness.queue.enqueue(job)
-    assert writing.wait(60)  # the first one's record is being written (and held)
+    # the first one's record is being written (and held)
+    first, *later = start_until_a_record_is_held(engine, harness, tenant, writing,
+                                                 [("One.", 1)] + [(f"Count to {n}.", n) for n in (2, 3, 4)])
     for job, n in zip(later, (2, 3, 4)):  # the others end in later steps meanwhile
         assert [harness.receive(job.reply_channel)["type"] for _ in range(n)] == ["engine.delta"] * n
     gate.set()
@@ -363,12 +369,9 @@ def test_a_finisher_that_falls_behind_holds_the_engine_back(engine, harness_fact
     tenant = tenant_factory()
     harness = harness_factory()
     harness.loop.finish_backlog = 1
-    first = chat_job(engine, tenant, "One.", max_tokens=1, ignore_eos=True)
-    second = chat_job(engine, tenant, "Three.", max_tokens=3, ignore_eos=True)
-    long = chat_job(engine, tenant, "Describe a mountain.", max_tokens=16, ignore_eos=True)
-    for job in (first, second, long):
-        harness.queue.enqueue(job)
-    assert writing.wait(60)  # the first one's record is held; the second one's finish must wait for it
+    # the first one's record is held; the second one's finish must wait for it
+    first, second, long = start_until_a_record_is_held(
+        engine, harness, tenant, writing, [("One.", 1), ("Three.", 3), ("Describe a mountain.", 16)])
     streamed = 0
     with pytest.raises(TimeoutError):
         while True:
