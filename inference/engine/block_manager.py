@@ -99,7 +99,8 @@ class BlockManager:
         """Register `seq`'s newly computed full blocks so later requests can share them."""
         if not self.enable_prefix_caching:
             return
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        # a pending token (async scheduling) is computed before it is known: its block waits for it
+        num_full = min(min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size, len(seq.block_table))
         start = seq.num_registered_blocks
         if num_full <= start:
             return

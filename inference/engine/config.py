@@ -33,6 +33,12 @@ class EngineConfig:
     # while the GPU runs the next step (returned by the next step() call, one step later).
     # None: on for CUDA, off for the CPU (where nothing would overlap).
     async_output: bool | None = None
+    # Async scheduling: the next step is scheduled, prepared and launched while the GPU still runs
+    # this one, its decode inputs taken on the device from this step's sampled tokens; this step's
+    # tokens are then read back, checked and turned into outputs while the next one computes (so
+    # it implies deferred outputs). A request that finishes has had one more step launched for it,
+    # whose token is dropped. None: on for CUDA, off for the CPU.
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -16,6 +16,15 @@ stop-string matches and RequestOutputs while the GPU runs the next step, whose
 `step()` call returns them. A stop string found that late finishes its request
 one step after its token; the token computed meanwhile for it is dropped (never
 emitted, never counted). Outputs are the same as without it, one step later.
+
+With `async_scheduling` (the default on CUDA; implies deferred outputs) the host
+work between two forwards leaves the critical path too: `step()` schedules,
+prepares and launches the next step before reading back the tokens of the one
+in flight (`Sequence.pending`: a decode input taken on the device from that
+step's sampled ids), then takes those tokens and builds their outputs while the
+new step computes. A request that finishes (stop token, stop string) has had
+one more step launched for it; that step's token is dropped as above. Rows that
+need their history on the host (penalties, logprobs) read the step back first.
 Not thread-safe: one thread drives an engine.
 """
 
@@ -34,7 +43,7 @@ from inference.engine.detokenizer import detokenizer_for
 from inference.engine.logprobs import LogprobFormatter
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import RequestOutput, Timing, Usage
-from inference.engine.sampler import Sampler
+from inference.engine.sampler import PendingSample, Sampler
 from inference.engine.sampling_params import EngineValidationError, SamplingParams
 from inference.engine.scheduler import Scheduler
 from inference.engine.scheduler_policy import PriorityPolicy
@@ -89,6 +98,12 @@ class Engine:
         self._deferred: list[tuple] = []
         self.async_output = (config.async_output if config.async_output is not None
                              else self.device.type == "cuda")
+        self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
+                                 else self.device.type == "cuda")
+        # async_scheduling: the launched step whose tokens are not read back yet, and whether the next
+        # schedule must wait for them (a row whose sampling reads its token history on the host)
+        self._inflight: PendingSample | None = None
+        self._inflight_needs_host = False
         self._ids = itertools.count()
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
         self.counters = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0}
@@ -138,7 +153,8 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._deferred)
+        return (self.scheduler.has_unfinished() or bool(self._pending) or bool(self._deferred)
+                or self._inflight is not None)
 
     # ---- one iteration ------------------------------------------------------------------------
     def step(self, *, on_first_tokens: Callable[[list[str]], None] | None = None) -> list[RequestOutput]:
@@ -149,6 +165,8 @@ class Engine:
         ids of the requests whose first token this step samples (a worker marks them started in
         its queue while the model computes).
         """
+        if self.async_scheduling:
+            return self._step_ahead(on_first_tokens)
         outputs, self._pending = self._pending, []
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
@@ -160,10 +178,7 @@ class Engine:
                 self.timers["output_s"] += time.perf_counter() - t1
             return outputs
         if on_first_tokens is not None:
-            firsts = [seq.request_id for seq, n in zip(batch.seqs, batch.num_new_tokens)
-                      if not seq.output_token_ids and seq.samples_after(n)]
-            if firsts:
-                on_first_tokens(firsts)
+            _notify_first_tokens(batch, on_first_tokens)
         inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens)
         t1b = time.perf_counter()
         seqs, logits = self.runner.run(*inputs)
@@ -194,13 +209,79 @@ class Engine:
         self.timers["output_s"] += (t2c - t2b) + (t4 - t3b)
         self.timers["prepare_s"] += t1b - t1
         self.timers["model_s"] += t2 - t1b
-        n_prompt = batch.num_tokens - len(seqs)
+        self._count(batch, len(seqs), now)
+        return outputs
+
+    def _count(self, batch, num_sampled: int, now: float) -> None:
+        n_prompt = batch.num_tokens - num_sampled
         self.counters["steps"] += 1
         self.counters["prompt_tokens"] += n_prompt
-        self.counters["generated_tokens"] += len(seqs)
-        self._recent.append((now, n_prompt, len(seqs)))
+        self.counters["generated_tokens"] += num_sampled
+        self._recent.append((now, n_prompt, num_sampled))
         while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
             self._recent.popleft()
+
+    # ---- async scheduling: launch the next step, then read back the one in flight ---------------
+    def _step_ahead(self, on_first_tokens) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        prev, self._inflight = self._inflight, None
+        if prev is not None and self._inflight_needs_host:
+            outputs += self._land(prev)  # its rows' sampling needs their latest token on the host
+            prev = None
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        self.timers["schedule_s"] += t1 - t0
+        if batch:
+            if on_first_tokens is not None:
+                _notify_first_tokens(batch, on_first_tokens)
+            inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens,
+                                         prev.tokens if prev is not None else None)
+            t2 = time.perf_counter()
+            seqs, logits = self.runner.run(*inputs)
+            t3 = time.perf_counter()
+            self.scheduler.postprocess(batch)
+            if seqs:
+                self._inflight = self.sampler.launch(logits, seqs)
+                needs_host = False
+                for i, seq in enumerate(seqs):
+                    seq.pending += 1
+                    seq.pending_row = i
+                    sp = seq.sampling
+                    needs_host = needs_host or sp.logprobs is not None or sp.has_penalties
+                self._inflight_needs_host = needs_host
+            t4 = time.perf_counter()
+            self.timers["prepare_s"] += t2 - t1
+            self.timers["model_s"] += t3 - t2
+            self.timers["sample_s"] += t4 - t3
+            self._count(batch, len(seqs), time.time())
+        if prev is not None:
+            outputs += self._land(prev)  # while the step just launched computes
+        return outputs
+
+    def _land(self, pending: PendingSample) -> list[RequestOutput]:
+        """Read back a launched step's tokens, take them and build their outputs. A row whose request
+        finished since the launch (a stop found in the step before, an abort) is dropped."""
+        t0 = time.perf_counter()
+        sampled = self.sampler.finish(pending)
+        t1 = time.perf_counter()
+        now = time.time()
+        taken = []
+        bm = self.block_manager
+        bs = bm.block_size if bm.enable_prefix_caching else 0
+        for i, seq in enumerate(pending.seqs):
+            seq.pending -= 1
+            if seq.is_finished:
+                continue
+            lp = sampled.logprobs[i] if sampled.logprobs is not None else None
+            taken.append(self._take_token(seq, sampled.token_ids[i], lp, now))
+            if bs and len(seq.token_ids) % bs == 0 and not seq.is_finished:
+                bm.cache_full_blocks(seq)  # a block completed by this token, computed before it was known
+        t2 = time.perf_counter()
+        outputs = [self._emit(t, now) for t in taken]
+        self.timers["sample_s"] += t1 - t0
+        self.timers["take_s"] += t2 - t1
+        self.timers["output_s"] += time.perf_counter() - t2
         return outputs
 
     # ---- a sampled token, in two halves: what the next schedule needs, then its output -----------
@@ -320,3 +401,11 @@ class Engine:
             **self.counters,
             **self.timers,
         }
+
+
+def _notify_first_tokens(batch, on_first_tokens: Callable[[list[str]], None]) -> None:
+    """Call `on_first_tokens` with the requests whose first token this step samples."""
+    firsts = [seq.request_id for seq, n in zip(batch.seqs, batch.num_new_tokens)
+              if not seq.output_token_ids and not seq.pending and seq.samples_after(n)]
+    if firsts:
+        on_first_tokens(firsts)

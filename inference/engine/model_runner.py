@@ -1,11 +1,17 @@
 """Turns a scheduled batch into model inputs, runs the model, returns logits.
 
 Inputs are built with plain Python lists, packed into two flat C arrays (one
-int64: token ids, positions, slots; one int32: query starts, lengths, block
-tables) and moved to the device in two copies, the per-step tensors being
-views of them (no per-token tensor ops, no `.item()`). Logits are computed only
-for the rows that sample this step: the last new token of each sequence whose
-scheduled tokens reach the end of what it knows.
+int64: token ids, positions, slots, sampling rows; one int32: query starts,
+lengths, block tables) and moved to the device in two copies, the per-step
+tensors being views of them (no per-token tensor ops, no `.item()`). On CUDA the
+copies go through pinned memory, asynchronously: preparing a step never waits
+for the GPU, so it can overlap the step before it (async scheduling). Logits
+are computed only for the rows that sample this step: the last new token of
+each sequence whose scheduled tokens reach the end of what it knows.
+
+With async scheduling a sequence's next input may be a token the step in flight
+is still sampling (`Sequence.pending`): its input id is copied on the device from
+that step's sampled tokens (`prev_tokens`, row `Sequence.pending_row`).
 """
 
 from __future__ import annotations
@@ -37,10 +43,14 @@ class ModelRunner:
             # every ladder size now, as vLLM does: no capture stalls a request in flight later
             self.graph_runner.capture_all()
 
-    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
-        """-> (input_ids, positions, meta, sample_rows, sampling_seqs)."""
+    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int], prev_tokens: torch.Tensor | None = None):
+        """-> (input_ids, positions, meta, sample_rows, sampling_seqs); sample_rows: a device tensor of the
+        rows whose logits are computed, one per sampling sequence. ``prev_tokens``: the sampled token ids
+        (on the device) of the step in flight, needed when a sequence's input is its pending token."""
         bs = self.block_size
         input_ids: list[int] = []
+        patch_at: list[int] = []  # input rows whose token is pending ...
+        patch_from: list[int] = []  # ... and their rows in prev_tokens
         positions: list[int] = []
         slots: list[int] = []
         starts = [0]
@@ -53,10 +63,17 @@ class ModelRunner:
             end = start + n
             table = seq.block_table
             if n == 1:
-                input_ids.append(seq.token_ids[start])
+                if start < len(seq.token_ids):
+                    input_ids.append(seq.token_ids[start])
+                else:  # its pending token, sampled by the step in flight
+                    patch_at.append(len(input_ids))
+                    patch_from.append(seq.pending_row)
+                    input_ids.append(0)
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
             else:
+                if end > len(seq.token_ids):  # only a decoding sequence (one new token) can have a pending one
+                    raise ValueError(f"{seq.request_id}: {n} new tokens but only {len(seq.token_ids) - start} known")
                 input_ids.extend(seq.token_ids[start:end])
                 positions.extend(range(start, end))
                 pos = start
@@ -76,6 +93,9 @@ class ModelRunner:
         longs = array("q", input_ids)
         longs.extend(positions)
         longs.extend(slots)
+        longs.extend(sample_rows)
+        longs.extend(patch_at)
+        longs.extend(patch_from)
         ints = array("i", starts)
         ints.extend(seq_lens)
         table_at = len(ints)
@@ -83,19 +103,35 @@ class ModelRunner:
         for table in tables:  # each row zero-padded to the widest
             ints.extend(table)
             ints.frombytes(zeros[4 * len(table):])
-        longs_t = torch.frombuffer(longs, dtype=torch.int64).to(self.device)
-        ints_t = torch.frombuffer(ints, dtype=torch.int32).to(self.device)
+        longs_t = self._to_device(longs, torch.int64)
+        ints_t = self._to_device(ints, torch.int32)
+        ids = longs_t[:num_tokens]
+        at = 3 * num_tokens + len(sample_rows)
+        if patch_at:
+            if prev_tokens is None:
+                raise ValueError("a sequence's input is a pending token but no prev_tokens were given")
+            ids.index_copy_(0, longs_t[at:at + len(patch_at)],
+                            prev_tokens.index_select(0, longs_t[at + len(patch_at):at + 2 * len(patch_at)]))
         max_query_len = max(num_new_tokens)
         meta = AttentionMetadata(
             query_start_loc=ints_t[:num_seqs + 1],
             seq_lens=ints_t[num_seqs + 1:table_at],
             block_tables=ints_t[table_at:].view(num_seqs, width),
-            slot_mapping=longs_t[2 * num_tokens:],
+            slot_mapping=longs_t[2 * num_tokens:3 * num_tokens],
             max_query_len=max_query_len,
             max_seq_len=max(seq_lens),
             decode_only=max_query_len == 1,
         )
-        return longs_t[:num_tokens], longs_t[num_tokens:2 * num_tokens], meta, sample_rows, sampling
+        return ids, longs_t[num_tokens:2 * num_tokens], meta, longs_t[3 * num_tokens:at], sampling
+
+    def _to_device(self, values: array, dtype: torch.dtype) -> torch.Tensor:
+        host = torch.frombuffer(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        # a pageable copy would wait for the GPU's queued work; a pinned one is queued behind it
+        pinned = torch.empty(host.shape, dtype=dtype, pin_memory=True)
+        pinned.copy_(host)
+        return pinned.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def run(self, ids, pos, meta, sample_rows, sampling) -> tuple[list[Sequence], torch.Tensor | None]:
@@ -106,8 +142,8 @@ class ModelRunner:
             hidden = self.model(ids, pos, meta, self.kv_caches)
         if not sampling:
             return sampling, None
-        if len(sample_rows) != hidden.shape[0]:
-            hidden = hidden[torch.tensor(sample_rows, device=self.device)]
+        if len(sampling) != hidden.shape[0]:
+            hidden = hidden.index_select(0, sample_rows)
         logits = self.model.compute_logits(hidden)
         return sampling, logits
 

@@ -39,6 +39,8 @@ class PendingSample:
     raw_lp: torch.Tensor | None
     lp_rows: list[int]
     seqs: list[Sequence]
+    host_tokens: torch.Tensor | None = None  # CUDA: a pinned copy of `tokens`, complete once `ready` is
+    ready: object = None  # torch.cuda.Event recorded after that copy
 
 
 @dataclass(slots=True)
@@ -59,30 +61,43 @@ class Sampler:
     def finish(self, pending: PendingSample) -> SamplerOutput:
         """Read the chosen tokens back (on a GPU: waits for the step's work)."""
         tokens, rows = pending.tokens, pending.lp_rows
+        if pending.ready is not None:  # waits for this step's sampling only, not for later launches
+            pending.ready.synchronize()
+            token_ids = pending.host_tokens.tolist()
+        else:
+            token_ids = tokens.tolist()
         logprobs = _gather_logprobs(pending.raw_lp, rows, pending.seqs, tokens) if rows else None
-        return SamplerOutput(tokens.tolist(), logprobs)
+        return SamplerOutput(token_ids, logprobs)
 
     @torch.inference_mode()
     def launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
-        """Queue the sampling work on the logits' device; greedy batches need no host sync."""
+        """Queue the sampling work on the logits' device, and on CUDA the copy of the chosen ids to the
+        host. Nothing here waits for the GPU unless a row uses top-k/top-p, penalties or logprobs."""
         logits = logits.float()
         dev = logits.device
         lp_rows = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
-        raw_lp = torch.log_softmax(logits[torch.tensor(lp_rows, device=dev)], dim=-1) if lp_rows else None
+        raw_lp = torch.log_softmax(logits[_to_device(torch.tensor(lp_rows), dev)], dim=-1) if lp_rows else None
         self._process(logits, seqs)
         greedy = [s.sampling.greedy for s in seqs]
         if all(greedy):
             tokens = logits.max(dim=-1).indices  # first maximum, like argmax, but ~3x faster on CPU
+        elif not any(greedy):
+            tokens = self._sample(logits, seqs)
         else:
             tokens = torch.empty(len(seqs), dtype=torch.long, device=dev)
             g_rows = [i for i, g in enumerate(greedy) if g]
             r_rows = [i for i, g in enumerate(greedy) if not g]
-            if g_rows:
-                idx = torch.tensor(g_rows, device=dev)
-                tokens[idx] = logits[idx].max(dim=-1).indices
-            idx = torch.tensor(r_rows, device=dev)
+            idx = _to_device(torch.tensor(g_rows), dev)
+            tokens[idx] = logits[idx].max(dim=-1).indices
+            idx = _to_device(torch.tensor(r_rows), dev)
             tokens[idx] = self._sample(logits[idx], [seqs[i] for i in r_rows])
-        return PendingSample(tokens, raw_lp, lp_rows, seqs)
+        pending = PendingSample(tokens, raw_lp, lp_rows, seqs)
+        if dev.type == "cuda":
+            pending.host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            pending.host_tokens.copy_(tokens, non_blocking=True)
+            pending.ready = torch.cuda.Event()
+            pending.ready.record()
+        return pending
 
     def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         pen_rows = [i for i, s in enumerate(seqs) if s.sampling.has_penalties]
@@ -92,14 +107,14 @@ class Sampler:
         for i, s in enumerate(seqs):
             sp = s.sampling
             if sp.logit_bias:
-                ids = torch.tensor(list(sp.logit_bias.keys()), device=dev)
-                logits[i, ids] += torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype, device=dev)
-            if s.num_output_tokens < sp.min_tokens:
+                ids = _to_device(torch.tensor(list(sp.logit_bias.keys())), dev)
+                logits[i, ids] += _to_device(torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype), dev)
+            if s.num_output_tokens + s.pending < sp.min_tokens:  # pending: sampled, not yet appended
                 banned = list(sp.stop_token_ids)
                 if self.eos_token_id is not None and not sp.ignore_eos:
                     banned.append(self.eos_token_id)
                 if banned:
-                    logits[i, torch.tensor(banned, device=dev)] = -float("inf")
+                    logits[i, _to_device(torch.tensor(banned), dev)] = -float("inf")
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         dev = logits.device
@@ -112,7 +127,7 @@ class Sampler:
             apply_top_k_top_p(logits, top_ks, top_ps)
         probs = logits.softmax(dim=-1)
         if any(m > 0.0 for m in min_ps):
-            m = torch.tensor(min_ps, dtype=probs.dtype, device=dev)[:, None]
+            m = _to_device(torch.tensor(min_ps, dtype=probs.dtype), dev)[:, None]
             probs = probs.masked_fill(probs < m * probs.amax(dim=-1, keepdim=True), 0.0)
         return inverse_cdf_draw(probs, _to_device(self._uniforms(seqs), dev))
 

@@ -109,7 +109,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.ends_with_pending:  # async scheduling: its last token is on its way; nothing to compute
+                i += 1
+                continue
+            # seq.pending (async scheduling): a token sampled by a step still in flight is its next input
+            n = min(seq.num_tokens + seq.pending - seq.num_computed_tokens, budget)
             if not self._grow_or_preempt(seq, n, batch):
                 break  # `seq` itself was the worst and got preempted
             batch._add(seq, n)
@@ -179,7 +183,8 @@ class Scheduler:
         self.num_preemptions += 1
 
     def postprocess(self, batch: ScheduledBatch) -> None:
-        """After the model ran: the scheduled tokens are in the KV cache now."""
+        """After the model ran (or was launched): the scheduled tokens are in the KV cache now. Blocks
+        holding a pending token are registered in the prefix cache once the token is known."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             self.bm.cache_full_blocks(seq)

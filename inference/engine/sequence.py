@@ -28,7 +28,7 @@ class Sequence:
         "arrival_time", "cache_salt", "status", "num_computed_tokens", "block_table", "block_hashes",
         "num_registered_blocks", "cached_tokens", "admitted", "num_preemptions", "first_scheduled_time", "first_token_time",
         "finish_time", "finish_reason", "stop_reason", "generator", "max_tokens", "detok", "stopper",
-        "counts", "order", "table_array", "table_array_of",
+        "counts", "order", "table_array", "table_array_of", "pending", "pending_row",
     )
 
     def __init__(
@@ -71,6 +71,10 @@ class Sequence:
         self.stopper = None  # StopChecker
         self.counts = None  # sampler's per-sequence penalty state
         self.order = 0  # insertion number, breaks ties between equal arrival times
+        # async scheduling: tokens sampled on the device by launched steps and not yet appended (0-2), and
+        # the row of the latest one in its step's sampled tokens (where the next step's input comes from)
+        self.pending = 0
+        self.pending_row = 0
 
     @property
     def num_tokens(self) -> int:
@@ -90,7 +94,12 @@ class Sequence:
 
     def samples_after(self, num_new_tokens: int) -> bool:
         """Whether a step computing `num_new_tokens` more of it reaches its end, so samples a token."""
-        return self.num_computed_tokens + num_new_tokens == len(self.token_ids)
+        return self.num_computed_tokens + num_new_tokens == len(self.token_ids) + self.pending
+
+    @property
+    def ends_with_pending(self) -> bool:
+        """Its pending token is its last one (max_tokens): a step scheduled ahead would be wasted."""
+        return self.pending > 0 and len(self.output_token_ids) + self.pending >= self.max_tokens
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

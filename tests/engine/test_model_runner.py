@@ -1,5 +1,6 @@
 """The model runner's step inputs: token ids, positions, slots, block tables, sampling rows."""
 
+import pytest
 import torch
 
 from inference.engine.model_runner import ModelRunner
@@ -35,11 +36,28 @@ def test_mixed_batch_inputs():
     assert meta.block_tables.tolist() == [[5, 2, 0], [7, 1, 9], [3, 4, 0]]
     assert meta.block_tables.dtype == torch.int32 and meta.slot_mapping.dtype == torch.int64
     assert (meta.max_query_len, meta.max_seq_len, meta.decode_only) == (6, 8, False)
-    assert rows == [0, 8] and sampling == [decode, tail]
+    assert rows.tolist() == [0, 8] and sampling == [decode, tail]
 
 
 def test_decode_only_batch():
     a, b = seq([1, 2, 3, 4, 5], [0, 1], 4), seq([6, 7], [2], 1)
     _, pos, meta, rows, _ = runner().prepare([a, b], [1, 1])
-    assert meta.decode_only and pos.tolist() == [4, 1] and rows == [0, 1]
+    assert meta.decode_only and pos.tolist() == [4, 1] and rows.tolist() == [0, 1]
     assert meta.slot_mapping.tolist() == [4, 9]
+
+
+def test_a_pending_token_is_taken_from_the_step_in_flight():
+    """async scheduling: a sequence whose last sampled token is still on the device (pending) gets it
+    as its input from that step's sampled ids, row `pending_row`; the others' inputs are as usual."""
+    a = seq([1, 2, 3, 4, 5], [0, 1], 5)  # 5 tokens computed + 1 pending: decodes position 5
+    a.pending, a.pending_row = 1, 2
+    b = seq([6, 7, 8], [2], 2)  # an ordinary decode of its known last token
+    c = seq([9, 10], [3], 2)
+    c.pending, c.pending_row = 1, 0
+    prev_tokens = torch.tensor([70, 71, 72])
+    ids, pos, meta, rows, sampling = runner().prepare([a, b, c], [1, 1, 1], prev_tokens)
+    assert ids.tolist() == [72, 8, 70]
+    assert pos.tolist() == [5, 2, 2] and meta.slot_mapping.tolist() == [5, 10, 14]
+    assert meta.seq_lens.tolist() == [6, 3, 3] and rows.tolist() == [0, 1, 2] and sampling == [a, b, c]
+    with pytest.raises(ValueError, match="no prev_tokens"):
+        runner().prepare([a], [1])

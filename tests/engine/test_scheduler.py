@@ -172,3 +172,28 @@ def test_prefix_hit_skips_cached_tokens_and_is_counted():
     batch, _ = fake_step(sched)
     assert batch.num_new_tokens == [1] and sched.requests.get("b") is None
     assert sched.bm.hit_tokens == 12 and sched.bm.query_tokens == 26
+
+
+def test_a_pending_token_is_scheduled_as_a_decode_unless_it_is_the_last():
+    """async scheduling: a sequence whose sampled token is still in flight decodes that token next
+    step (one new token past what it knows); one whose pending token is its max_tokens-th is not
+    scheduled (its step would be wasted); a prefix-cache block waits for its pending token."""
+    sched = make_scheduler(budget=32)
+    a, b = make_seq("a", 7, max_tokens=3), make_seq("b", 5, max_tokens=1)
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule(now=100.0)
+    sched.postprocess(batch)
+    assert batch.num_new_tokens == [7, 5]
+    a.pending = b.pending = 1  # both sampled their first token on the device, not read back yet
+    assert a.samples_after(1) and b.ends_with_pending and not a.ends_with_pending
+    batch = sched.schedule(now=100.0)
+    assert batch.seqs == [a] and batch.num_new_tokens == [1]
+    sched.postprocess(batch)
+    assert a.num_computed_tokens == 8 == a.num_tokens + 1
+    assert a.num_registered_blocks == 1  # positions 4..7 form a full block, but token 7 is not known
+    a.pending = 0  # the token is read back (the engine's land)
+    a.append_token(7000)
+    sched.bm.cache_full_blocks(a)
+    assert a.num_registered_blocks == 2
+    sched.bm.check_invariants([a, b])

@@ -37,9 +37,12 @@ class Command(BaseCommand):
         parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
         parser.add_argument("--no-cuda-graphs", action="store_true",
                             help="run CUDA decode steps eagerly instead of replaying CUDA graphs (debugging)")
+        parser.add_argument("--no-async-scheduling", action="store_true",
+                            help="on CUDA, schedule and launch each step only after the previous step's tokens are "
+                                 "read back (debugging; its deltas are still built while the next step runs)")
         parser.add_argument("--sync-output", action="store_true",
-                            help="on CUDA, build each step's deltas before the next step instead of while it runs "
-                                 "(debugging; deltas then arrive one step sooner, at a throughput cost)")
+                            help="on CUDA, finish each step (tokens read back, deltas built) before the next one "
+                                 "starts (debugging; deltas then arrive one step sooner, at a throughput cost)")
 
     def handle(self, *args, **options) -> None:
         if not settings.REDIS_URL:
@@ -54,7 +57,9 @@ class Command(BaseCommand):
             return engine_build(model=model, device=device, dtype=options["dtype"],
                                 kv_cache_mb=options["kv_cache_mb"], max_num_seqs=max_num_seqs,
                                 cuda_graphs=not options["no_cuda_graphs"],
-                                async_output=False if options["sync_output"] else None)
+                                async_output=False if options["sync_output"] else None,
+                                async_scheduling=(False if options["sync_output"] or options["no_async_scheduling"]
+                                                  else None))
 
         sink = EventSink()
         loop = WorkerLoop(
