@@ -8,14 +8,17 @@ Llama-shaped random-weight model made tiny (hidden 64, 2 layers) so the model
 is cheap, with a byte-level BPE tokenizer like the real models'
 (`gpu_engine.write_checkpoint`), and reports the engine's own phase timers per
 step: schedule, prepare, take (appending the sampled tokens, stop-token and
-length checks) and output (with `async_output`, as on CUDA, the previous
-step's detokenizing, stop strings and RequestOutputs, which overlap the GPU;
-schedule + prepare + take do not).
+length checks) and output (detokenizing, stop strings and RequestOutputs).
+With `--mode async_scheduling` (the CUDA default) all of them run while the GPU
+computes a step, so the GPU waits only when their sum outlasts its forward; with
+`--mode async_output` (the engine before async scheduling) only output does, and
+schedule + prepare + take sit between two forwards.
 
 Peers in the same run, interleaved: the two detokenizers.
 
     python benchmarks/engine_host.py                      # batch 256, context 1024
     python benchmarks/engine_host.py --batch 64 --context 512 --rounds 5 --json
+    python benchmarks/engine_host.py --mode async_output   # the step order before async scheduling
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def run_steps(path: Path, args, detokenizer: str) -> dict[str, float]:
     engine = Engine(EngineConfig(model=str(path), device="cpu", dtype="float32",
                                  kv_cache_mb=int(args.batch * (max_len + 16) * 256 / 2**20) + 64,
                                  block_size=16, max_num_seqs=args.batch, max_num_batched_tokens=max(8192, args.batch),
-                                 enable_prefix_caching=False, max_model_len=max_len, async_output=True))
+                                 enable_prefix_caching=False, max_model_len=max_len, async_output=True,
+                                 async_scheduling=args.mode == "async_scheduling"))
     sampling = SamplingParams(max_tokens=args.steps + 140, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(random_prompts(args.batch, args.context, args.vocab, 2)):
         engine.add_request(f"h{i}", prompt, sampling)
@@ -76,6 +80,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each detokenizer, interleaved")
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--mode", choices=["async_scheduling", "async_output"], default="async_scheduling",
+                        help="the engine's step order (async_scheduling: the CUDA default)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -88,7 +94,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for name in DETOKENIZERS:
                 rounds[name].append(run_steps(path, args, name))
-    report = {"batch": args.batch, "context": args.context, "steps": args.steps, "rounds": args.rounds, "ms_per_step": {}}
+    report = {"batch": args.batch, "context": args.context, "steps": args.steps, "rounds": args.rounds,
+              "mode": args.mode, "ms_per_step": {}}
     for phase in ("output", "schedule", "prepare", "take", "step"):
         print(f"-- {phase} ms per step (median of {args.rounds} rounds of {args.steps} steps' medians)")
         samples = {f"{name} detokenizer": [r[phase] for r in rounds[name]] for name in DETOKENIZERS}

@@ -4,6 +4,7 @@
     python benchmarks/gpu_engine.py --shapes smollm2-135m --quick
     python benchmarks/gpu_engine.py --device cpu          # tiny-shape smoke run of the script itself
     python benchmarks/gpu_engine.py --json                # last line: one JSON object
+    python benchmarks/gpu_engine.py --no-async-scheduling # the peer: stop 8's step order
 
 For each shape it writes a random-weight checkpoint (transformers
 LlamaForCausalLM, safetensors, plus a byte-level BPE tokenizer.json like the
@@ -12,8 +13,8 @@ real models' so the engine detokenizes as it would for them), then:
      the same weights (float32 must match; bfloat16, engine and transformers
      alike, reported as agreement with transformers float32);
   2. times engine decode steps at batch 1, 16, 64, 256 with 1k-token contexts
-     (whole steps, their host-side phases, and the decode forward's CUDA-graph
-     replay alone);
+     (20 consecutive steps over the wall clock, their host-side phases, and the
+     decode forward's CUDA-graph replay alone);
   3. measures output tok/s for 256 requests of 512 prompt / 256 output tokens,
      and the same workload through transformers ``generate``;
   4. computes each decode step's memory roofline: (weight bytes + KV bytes
@@ -144,6 +145,7 @@ def copy_bandwidth(device: torch.device) -> float:
 
 
 ASYNC_OUTPUT: bool | None = None  # --sync-output sets False (EngineConfig's default: on for CUDA)
+ASYNC_SCHEDULING: bool | None = None  # --no-async-scheduling / --sync-output set False (default: on for CUDA)
 
 
 def make_engine(path: Path, device: torch.device, dtype: str, max_seqs: int, kv_mb: int, max_len: int):
@@ -152,7 +154,7 @@ def make_engine(path: Path, device: torch.device, dtype: str, max_seqs: int, kv_
     return Engine(EngineConfig(
         model=str(path), device=str(device), dtype=dtype, kv_cache_mb=kv_mb, block_size=16,
         max_num_seqs=max_seqs, max_num_batched_tokens=max(8192, max_seqs), enable_prefix_caching=False,
-        max_model_len=max_len, async_output=ASYNC_OUTPUT,
+        max_model_len=max_len, async_output=ASYNC_OUTPUT, async_scheduling=ASYNC_SCHEDULING,
     ))
 
 
@@ -233,16 +235,17 @@ def decode_step_times(path: Path, shape: Shape, device: torch.device, dtype: str
         while len(started) < batch:  # prefill everything (the first token of each comes with it)
             started.update(o.request_id for o in engine.step() if o.new_token_ids)
         engine.step()  # one untimed decode step (graphs are captured at start-up; this warms the rest)
-        times = []
+        engine.step()
+        # consecutive steps, one sync at each end: with async scheduling a step's host work overlaps the
+        # forward of the step before it, which a sync around every step would undo
         engine.timers = dict.fromkeys(engine.timers, 0.0)
+        sync(device)
+        t = time.perf_counter()
         for _ in range(work.timed_steps):
-            sync(device)
-            t = time.perf_counter()
             outs = engine.step()
-            sync(device)
-            times.append(time.perf_counter() - t)
             assert len(outs) == batch, f"expected a decode step over {batch} sequences, got {len(outs)}"
-        step_s = statistics.median(times)
+        sync(device)
+        step_s = (time.perf_counter() - t) / work.timed_steps
         graph_ms = None
         runner = engine.runner.graph_runner
         if runner is not None and runner.padded_size(batch) in runner.graphs:
@@ -266,6 +269,31 @@ def decode_step_times(path: Path, shape: Shape, device: torch.device, dtype: str
     return rows
 
 
+def run_timed_steps(engine, prompts: list[list[int]], sampling) -> tuple[list[tuple[float, int]], int]:
+    """Run the prompts to completion; -> ([(wall s, prompt tokens computed) per step], output tokens).
+
+    Steps that compute prompt tokens (prefill chunks, with the decodes sharing their batch) and
+    decode-only steps are told apart by the engine's prompt-token counter."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"t{i}", prompt, sampling)
+    steps, produced = [], 0
+    while engine.has_unfinished():
+        before = engine.counters["prompt_tokens"]
+        t = time.perf_counter()
+        outs = engine.step()
+        steps.append((time.perf_counter() - t, engine.counters["prompt_tokens"] - before))
+        produced += sum(len(o.new_token_ids) for o in outs)
+    return steps, produced
+
+
+def step_split(steps: list[tuple[float, int]]) -> dict:
+    prefill = [s for s, n in steps if n]
+    decode = [s for s, n in steps if not n]
+    return {"prefill_steps": len(prefill), "prefill_s": sum(prefill),
+            "decode_steps": len(decode), "decode_s": sum(decode),
+            "decode_step_ms_median": statistics.median(decode) * 1e3 if decode else None}
+
+
 def throughput(path: Path, shape: Shape, device: torch.device, dtype: str, work: Workload) -> dict:
     from transformers import LlamaForCausalLM
 
@@ -280,10 +308,9 @@ def throughput(path: Path, shape: Shape, device: torch.device, dtype: str, work:
     engine.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
     sync(device)
     t = time.perf_counter()
-    outs = engine.generate(prompts, sampling)
+    steps, produced = run_timed_steps(engine, prompts, sampling)
     sync(device)
     engine_s = time.perf_counter() - t
-    produced = sum(len(o.new_token_ids) for o in outs)
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -307,7 +334,7 @@ def throughput(path: Path, shape: Shape, device: torch.device, dtype: str, work:
         hf_s = time.perf_counter() - t
     del hf
     return {"requests": work.requests, "prompt_len": work.prompt_len, "output_len": work.output_len,
-            "engine_tok_s": produced / engine_s, "engine_s": engine_s,
+            "engine_tok_s": produced / engine_s, "engine_s": engine_s, **step_split(steps),
             "transformers_tok_s": hf_tokens / hf_s, "transformers_s": hf_s,
             "speedup": (produced / engine_s) / (hf_tokens / hf_s)}
 
@@ -321,11 +348,16 @@ def main() -> None:
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--sync-output", action="store_true",
                         help="build each step's outputs before the next step (no overlap with the GPU)")
+    parser.add_argument("--no-async-scheduling", action="store_true",
+                        help="schedule and prepare each step after the previous one's tokens are read back "
+                             "(outputs still deferred unless --sync-output)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    global ASYNC_OUTPUT
+    global ASYNC_OUTPUT, ASYNC_SCHEDULING
     if args.sync_output:
         ASYNC_OUTPUT = False
+    if args.sync_output or args.no_async_scheduling:
+        ASYNC_SCHEDULING = False
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -337,9 +369,12 @@ def main() -> None:
     else:
         work, shapes, name = SMOKE, args.shapes or ["tiny"], f"CPU ({torch.get_num_threads()} threads), smoke run"
     bandwidth = copy_bandwidth(device)
-    print(f"device: {name}; copy bandwidth {bandwidth:.1f} GB/s; dtype {args.dtype}; "
-          f"outputs {'deferred (async_output)' if device.type == 'cuda' and not args.sync_output else 'synchronous'}")
-    report = {"device": name, "dtype": args.dtype, "copy_gb_s": bandwidth, "shapes": {}}
+    on_cuda = device.type == "cuda"
+    mode = ("synchronous" if not on_cuda or args.sync_output
+            else "deferred outputs (async_output)" if args.no_async_scheduling
+            else "async scheduling (next step launched before this one's tokens are read)")
+    print(f"device: {name}; copy bandwidth {bandwidth:.1f} GB/s; dtype {args.dtype}; steps: {mode}")
+    report = {"device": name, "dtype": args.dtype, "copy_gb_s": bandwidth, "mode": mode, "shapes": {}}
     for shape_name in shapes:
         shape = SHAPES[shape_name]
         with tempfile.TemporaryDirectory(prefix=f"gpu-engine-{shape_name}-") as tmp:
@@ -366,7 +401,9 @@ def main() -> None:
             t = entry["throughput"]
             print(f"[{shape_name}] {t['requests']}x({t['prompt_len']} in / {t['output_len']} out): engine "
                   f"{t['engine_tok_s']:.0f} tok/s, transformers generate {t['transformers_tok_s']:.0f} tok/s "
-                  f"({t['speedup']:.1f}x)")
+                  f"({t['speedup']:.1f}x); engine: {t['prefill_steps']} steps with prompt tokens "
+                  f"{t['prefill_s']:.3f} s, {t['decode_steps']} decode-only steps {t['decode_s']:.3f} s "
+                  f"(median {t['decode_step_ms_median'] or float('nan'):.3f} ms)")
             report["shapes"][shape_name] = entry
     if args.json:
         print(json.dumps(report))
