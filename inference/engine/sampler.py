@@ -39,8 +39,8 @@ class PendingSample:
     raw_lp: torch.Tensor | None
     lp_rows: list[int]
     seqs: list[Sequence]
-    host_tokens: torch.Tensor | None = None  # CUDA: a pinned copy of `tokens`, complete once `ready` is
-    ready: object = None  # torch.cuda.Event recorded after that copy
+    host_tokens: torch.Tensor | None = None  # CUDA: a pinned copy of `tokens`, filled by the time `ready` is
+    ready: object = None  # ... reached: a torch.cuda.Event recorded after that copy
 
 
 @dataclass(slots=True)
