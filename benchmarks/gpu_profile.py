@@ -50,7 +50,7 @@ def profiled_step(engine, device: torch.device, label: str, rows: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
     parser.add_argument("--rows", type=int, default=25)
     args = parser.parse_args()
@@ -62,7 +62,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-profile-") as tmp:
         path = Path(tmp)
         write_checkpoint(shape, path, seed=0)
-        kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * 2
+        esize = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+        kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * esize
         total = work.prompt_len + work.output_len
         engine = make_engine(path, device, args.dtype, work.requests,
                              int(work.requests * (total + 16) * kv_per_token / 2**20) + 64, total + 8)
