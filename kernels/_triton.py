@@ -22,8 +22,8 @@ except Exception:  # ImportError, or a broken install raising at import time
     tl = None
     HAS_TRITON = False
 
-    def jit(fn):
-        return _Unavailable(fn)
+    def jit(fn=None, **_options):  # @jit and @jit(do_not_specialize=...) alike
+        return _Unavailable(fn) if fn is not None else _Unavailable
 
 
 class _Unavailable:

@@ -62,19 +62,26 @@ def paged_prefill_attention_ref(
     scale: float,
     max_query_len: int,
     max_seq_len: int,
+    first_seq: int = 0,
 ) -> torch.Tensor:
     """Reference (and CPU production) prefill attention.
 
     Sequences with one new token go through the batched decode path in one
     call; every longer query runs PyTorch's fused SDPA on its gathered K/V
     (``is_causal`` when the whole sequence is new, an offset mask otherwise).
+    Sequences before ``first_seq`` are skipped and their rows are zero: a
+    mixed step's leading decodes, which the caller runs through the decode
+    kernel (``inference.engine.attention``).
     """
     check_kv_cache(k_cache, v_cache)
-    out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     batch = len(lens)
-    singles = [b for b in range(batch) if starts[b + 1] - starts[b] == 1]
+    _check_first_seq(first_seq, batch)
+    out = torch.empty_like(q)
+    if first_seq:
+        out[:starts[first_seq]] = 0  # the skipped sequences' rows
+    singles = [b for b in range(first_seq, batch) if starts[b + 1] - starts[b] == 1]
     if len(singles) == batch and batch == q.shape[0]:
         return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
     if len(singles) > 1:
@@ -91,7 +98,7 @@ def paged_prefill_attention_ref(
         done = set(singles)
     else:
         done = set()
-    for b in range(batch):
+    for b in range(first_seq, batch):
         start, end = starts[b], starts[b + 1]
         if b in done or end == start:
             continue
@@ -103,6 +110,10 @@ def paged_prefill_attention_ref(
     return out
 
 
+def _check_first_seq(first_seq: int, batch: int) -> None:
+    check(0 <= first_seq <= batch, f"first_seq must lie in [0, {batch}], got {first_seq}")
+
+
 # ---------------------------------------------------------------------------
 # Triton: flash attention over the paged cache, one program per (query tile,
 # sequence, query head), K/V tiles gathered through the block table.
@@ -111,10 +122,10 @@ def paged_prefill_attention_ref(
 _LOG2E = 1.4426950408889634
 
 
-@jit
+@jit(do_not_specialize=["first_seq"])  # one compiled kernel for every value
 def _paged_prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_ptr, seq_lens_ptr, out_ptr,
-    scale_log2,
+    scale_log2, first_seq,
     stride_qt, stride_qh,
     stride_cb, stride_cs, stride_ch,
     stride_bt,
@@ -124,7 +135,7 @@ def _paged_prefill_attention_kernel(
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
+    b = (tl.program_id(1) + first_seq).to(tl.int64)
     head = tl.program_id(2)
     q_start = tl.load(query_start_ptr + b)
     q_len = tl.load(query_start_ptr + b + 1) - q_start
@@ -193,6 +204,7 @@ def paged_prefill_attention(
     scale: float,
     max_query_len: int,
     max_seq_len: int,
+    first_seq: int = 0,
 ) -> torch.Tensor:
     """Triton launcher; same contract as ``paged_prefill_attention_ref``."""
     check_kv_cache(k_cache, v_cache)
@@ -212,14 +224,15 @@ def paged_prefill_attention(
     check(block_tables.dim() == 2 and block_tables.shape[0] == batch, "block_tables must be [B, M]")
     check(block_tables.dtype == torch.int32 and block_tables.stride(1) == 1, "block_tables must be int32, rows contiguous")
     check(max_query_len >= 0 and max_seq_len >= 0, "max_query_len/max_seq_len must be >= 0")
+    _check_first_seq(first_seq, batch)
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
-    if num_tokens == 0 or batch == 0 or max_query_len == 0:
+    if num_tokens == 0 or batch == first_seq or max_query_len == 0:
         return out
     block_m = 16 if max_query_len <= 16 else (32 if max_query_len <= 32 else 64)
-    grid = (triton.cdiv(max_query_len, block_m), batch, num_heads)
+    grid = (triton.cdiv(max_query_len, block_m), batch - first_seq, num_heads)
     kernel_for(_paged_prefill_attention_kernel, device)[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
-        float(scale) * _LOG2E,
+        float(scale) * _LOG2E, first_seq,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),

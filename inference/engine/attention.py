@@ -4,8 +4,13 @@ It owns no weights: it writes this step's keys/values into the layer's cache
 blocks (by slot mapping) and attends over the cache, through the kernel set
 `kernels.dispatch.get_ops(device)` only. Which kernel runs is decided by the
 metadata: a decode-only batch takes the single-query paged kernel, anything
-else (prefill, chunked prefill, prefix-cache hits, mixed batches) the
-variable-length prefill kernel.
+else (prefill, chunked prefill, prefix-cache hits) the variable-length prefill
+kernel. A mixed batch is split: the model runner puts its one-token sequences
+first (`meta.num_decodes`), they take the decode kernel (grouped-query K/V
+loads, split-KV) and the prefill kernel starts after them. Sent through the
+prefill kernel, a decode row costs a whole query tile per query head there,
+and on the CPU the reference's gather-and-pad decode path (5x the native
+kernel's time at batch 32).
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ class PagedAttention(nn.Module):
         if meta.decode_only:
             out = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale)
         else:
+            decodes = meta.num_decodes
             out = ops.paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                                              meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
+                                              meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len,
+                                              first_seq=decodes)
+            if decodes:
+                out[:decodes] = ops.paged_decode_attention(q[:decodes], k_cache, v_cache, meta.block_tables[:decodes],
+                                                           meta.seq_lens[:decodes], self.scale)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -29,6 +29,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     decode_only: bool  # every sequence has exactly one new token
+    # The first num_decodes sequences have one new token each (rows 0..num_decodes-1): a mixed step's
+    # decodes, which the attention layer sends to the decode kernel. 0: no such prefix is promised.
+    num_decodes: int = 0
 
     @property
     def num_seqs(self) -> int:

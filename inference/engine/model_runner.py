@@ -9,6 +9,10 @@ for the GPU, so it can overlap the step before it (async scheduling). Logits
 are computed only for the rows that sample this step: the last new token of
 each sequence whose scheduled tokens reach the end of what it knows.
 
+A mixed step (decodes with prompt chunks) lists its one-token sequences first,
+in the scheduler's order, and says how many (`AttentionMetadata.num_decodes`):
+the attention layers run those rows through the decode kernel.
+
 With async scheduling a sequence's next input may be a token the step in flight
 is still sampling (`Sequence.pending`): its input id is copied on the device from
 that step's sampled tokens (`prev_tokens`, row `Sequence.pending_row`).
@@ -33,6 +37,9 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.block_size = block_size
+        # False: a mixed step keeps the scheduler's order and sends every row through the prefill kernel
+        # (the behaviour before the split; benchmarks/mixed_steps.py's peer)
+        self.split_mixed = True
         self.kv_caches = allocate_kv_caches(model_config, num_blocks, block_size, dtype, device)
         # Decode steps replay CUDA graphs on CUDA; everything else (and the CPU) runs eagerly.
         self.graph_runner: DecodeGraphRunner | None = None
@@ -48,6 +55,13 @@ class ModelRunner:
         rows whose logits are computed, one per sampling sequence. ``prev_tokens``: the sampled token ids
         (on the device) of the step in flight, needed when a sequence's input is its pending token."""
         bs = self.block_size
+        num_decodes = 0
+        if self.split_mixed and 1 in num_new_tokens:
+            num_decodes = num_new_tokens.count(1)
+            if num_decodes < len(seqs) and max(num_new_tokens[:num_decodes]) > 1:  # not all in front yet
+                order = sorted(range(len(seqs)), key=lambda i: num_new_tokens[i] != 1)  # stable
+                seqs = [seqs[i] for i in order]
+                num_new_tokens = [num_new_tokens[i] for i in order]
         input_ids: list[int] = []
         patch_at: list[int] = []  # input rows whose token is pending ...
         patch_from: list[int] = []  # ... and their rows in prev_tokens
@@ -121,6 +135,7 @@ class ModelRunner:
             max_query_len=max_query_len,
             max_seq_len=max(seq_lens),
             decode_only=max_query_len == 1,
+            num_decodes=num_decodes,
         )
         return ids, longs_t[num_tokens:2 * num_tokens], meta, longs_t[3 * num_tokens:at], sampling
 

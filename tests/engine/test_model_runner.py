@@ -12,7 +12,7 @@ BS = 4
 
 def runner():
     r = ModelRunner.__new__(ModelRunner)  # inputs only: no model, no KV cache
-    r.block_size, r.device = BS, torch.device("cpu")
+    r.block_size, r.device, r.split_mixed = BS, torch.device("cpu"), True
     return r
 
 
@@ -35,14 +35,37 @@ def test_mixed_batch_inputs():
     assert meta.seq_lens.tolist() == [7, 8, 5]
     assert meta.block_tables.tolist() == [[5, 2, 0], [7, 1, 9], [3, 4, 0]]
     assert meta.block_tables.dtype == torch.int32 and meta.slot_mapping.dtype == torch.int64
-    assert (meta.max_query_len, meta.max_seq_len, meta.decode_only) == (6, 8, False)
+    assert (meta.max_query_len, meta.max_seq_len, meta.decode_only, meta.num_decodes) == (6, 8, False, 1)
     assert rows.tolist() == [0, 8] and sampling == [decode, tail]
+
+
+def test_a_mixed_step_lists_its_decodes_first():
+    """The attention layers send the first `num_decodes` sequences to the decode kernel: one-token sequences
+    move to the front (in the scheduler's order), every row's inputs and the sampling order follow them."""
+    chunk = seq(list(range(100, 110)), [7, 1, 9], 2)  # positions 2..7: no sample
+    first = seq(list(range(10, 17)), [5, 2], 6)  # decodes position 6
+    tail = seq(list(range(200, 205)), [3, 4], 3)  # positions 3..4: samples
+    second = seq([1, 2, 3], [6], 2)  # decodes position 2
+    ids, pos, meta, rows, sampling = runner().prepare([chunk, first, tail, second], [6, 1, 2, 1])
+    assert ids.tolist() == [16, 3, 102, 103, 104, 105, 106, 107, 203, 204]
+    assert pos.tolist() == [6, 2, 2, 3, 4, 5, 6, 7, 3, 4]
+    assert meta.slot_mapping.tolist() == [10, 26, 30, 31, 4, 5, 6, 7, 15, 16]
+    assert meta.query_start_loc.tolist() == [0, 1, 2, 8, 10] and meta.seq_lens.tolist() == [7, 3, 8, 5]
+    assert meta.block_tables.tolist() == [[5, 2, 0], [6, 0, 0], [7, 1, 9], [3, 4, 0]]
+    assert (meta.num_decodes, meta.decode_only) == (2, False)
+    assert rows.tolist() == [0, 1, 9] and sampling == [first, second, tail]
+
+    r = runner()
+    r.split_mixed = False  # the peer: the scheduler's order, every row through the prefill kernel
+    ids, _, meta, rows, sampling = r.prepare([chunk, first, tail, second], [6, 1, 2, 1])
+    assert ids.tolist() == [102, 103, 104, 105, 106, 107, 16, 203, 204, 3]
+    assert meta.num_decodes == 0 and rows.tolist() == [6, 8, 9] and sampling == [first, tail, second]
 
 
 def test_decode_only_batch():
     a, b = seq([1, 2, 3, 4, 5], [0, 1], 4), seq([6, 7], [2], 1)
     _, pos, meta, rows, _ = runner().prepare([a, b], [1, 1])
-    assert meta.decode_only and pos.tolist() == [4, 1] and rows.tolist() == [0, 1]
+    assert meta.decode_only and meta.num_decodes == 2 and pos.tolist() == [4, 1] and rows.tolist() == [0, 1]
     assert meta.slot_mapping.tolist() == [4, 9]
 
 

@@ -63,6 +63,26 @@ def test_prefill_single_decode_and_all_decode_paths():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_first_seq_skips_the_leading_sequences(dtype):
+    """A mixed step's leading decodes are the decode kernel's: rows of sequences before `first_seq` are
+    zero, every later row is what the whole call gives (decodes after first_seq included)."""
+    q_lens, seq_lens = [1, 1, 1, 19, 5, 1, 7], [40, 17, 1, 19, 37, 50, 23]
+    case = make_paged_case(q_lens, seq_lens, 9, 3, 32, 16, dtype, seed=4)
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
+            case.seq_lens, case.scale, case.max_query_len, case.max_seq_len)
+    whole = paged_prefill_attention_ref(*args)
+    for first in (0, 2, 3, 6, 7):
+        out = paged_prefill_attention_ref(*args, first_seq=first)
+        start = sum(q_lens[:first])
+        assert not out[:start].any()
+        # the later decode may be batched with others or not: rounding can differ, not more
+        if start < out.shape[0]:
+            _close(out[start:], whole[start:], ATTN_TOL[dtype] / 4)
+    with pytest.raises(ValueError, match="first_seq"):
+        paged_prefill_attention_ref(*args, first_seq=8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_store_kv_writes_slots_and_skips_negative(dtype):
     blocks, bs, hkv, d = 5, 4, 2, 8
     k_cache = torch.zeros(blocks, bs, hkv, d, dtype=dtype)

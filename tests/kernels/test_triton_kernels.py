@@ -80,6 +80,28 @@ def test_prefill_attention_mixed_batch(device, dtype, heads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [(9, 3), (8, 2)])
+def test_prefill_attention_after_leading_decodes(device, dtype, heads):
+    """`first_seq`: the launcher skips a mixed step's leading decodes (their rows stay zero) and matches
+    the reference on the rest, whose own later decodes included."""
+    if device == "cpu":
+        q_lens, seq_lens, dim = [1, 1, 1, 19, 5, 1, 70], [40, 17, 1, 19, 37, 50, 90], 32
+    else:
+        q_lens = [1] * 200 + [512, 333, 1, 100]
+        seq_lens = torch.randint(1, 1500, (200,), generator=torch.Generator().manual_seed(5)).tolist()
+        seq_lens += [512, 1000, 1500, 100]
+        dim = 64
+    case = make_paged_case(q_lens, seq_lens, *heads, dim, 16, dtype, device, seed=11)
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
+            case.seq_lens, case.scale, case.max_query_len, case.max_seq_len)
+    first = 3 if device == "cpu" else 200  # the leading decodes
+    out = paged_prefill_attention(*args, first_seq=first)
+    assert_close(out, paged_prefill_attention_ref(*args, first_seq=first), ATTN_TOL[dtype])
+    assert not out[:first].any()
+    assert not paged_prefill_attention(*args, first_seq=len(q_lens)).any()  # nothing left: all zero
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_store_kv(device, dtype):
     blocks, bs, hkv, dim = (7, 16, 3, 24) if device == "cpu" else (4096, 16, 8, 64)
     num_tokens = 13 if device == "cpu" else 3000
