@@ -18,6 +18,11 @@ contexts 128/512/1024 next to its reference), with medians of
 time.perf_counter over repeated calls. Bandwidth is the K/V (and q/out) bytes
 an op must move over its time, next to the measured copy bandwidth (a 256 MB
 ``Tensor.copy_``, read + write counted) of the same run.
+
+``mixed_step_attention`` rows time one attention layer on a mixed step (decodes
+plus whole prompts) both ways: every row through the prefill kernel, and the
+decodes split off to the decode kernel (what the model runner arranges now);
+the former is the peer.
 """
 
 from __future__ import annotations
@@ -165,6 +170,37 @@ def prefill_rows(device, dtype, model, q_lens, seq_lens, with_triton, reps) -> l
     return rows
 
 
+def mixed_rows(device, dtype, model, decodes, ctx, prompts, prompt_len, backend, reps) -> list[Row]:
+    """A mixed step's attention (``decodes`` one-token sequences at ``ctx``, then ``prompts`` whole prompts)
+    through the attention layer: every row by the prefill kernel (num_decodes 0, the peer) and split
+    (the decodes by the decode kernel, as the model runner arranges it)."""
+    from inference.engine.attention import PagedAttention
+    from inference.engine.attention_metadata import AttentionMetadata
+    from kernels.dispatch import _ops
+
+    hq, hkv, dim = SHAPES[model]
+    q_lens, seq_lens = [1] * decodes + [prompt_len] * prompts, [ctx] * decodes + [prompt_len] * prompts
+    case = make_paged_case(q_lens, seq_lens, hq, hkv, dim, 16, dtype, device)
+    esize = torch.empty((), dtype=dtype).element_size()
+    gbytes = (2 * sum(seq_lens) * hkv * dim + 2 * sum(q_lens) * hq * dim) * esize / 1e9
+    ops, layer = _ops(backend), PagedAttention(hq, hkv, dim, case.scale)
+    kv = torch.zeros(case.q.shape[0], hkv, dim, dtype=dtype, device=device)
+    slots = torch.full((case.q.shape[0],), -1, dtype=torch.int64, device=device)  # nothing stored
+
+    def meta(num_decodes):
+        return AttentionMetadata(case.query_start_loc, case.seq_lens, case.block_tables, slots,
+                                 case.max_query_len, case.max_seq_len, False, num_decodes)
+
+    label = f"{model} {decodes}x1@{ctx}+{prompts}x{prompt_len}"
+    rows = []
+    for impl, n in ((f"{backend} prefill kernel, all rows", 0), (f"{backend} decodes split off", decodes)):
+        m = meta(n)
+        rows.append(Row("mixed_step_attention", label, impl,
+                        time_ms(lambda: layer(case.q, kv, kv, (case.k_cache, case.v_cache), m, ops), device, reps),
+                        gbytes))
+    return rows
+
+
 def elementwise_rows(device, dtype, tokens, hidden, inter, with_triton, reps) -> list[Row]:
     esize = torch.empty((), dtype=dtype).element_size()
     x = torch.randn(tokens, hidden, device=device).to(dtype)
@@ -257,6 +293,11 @@ def main() -> None:
         rows += prefill_rows(device, dtype, model, [prompt] * (1 if device.type == "cpu" else 8),
                              [prompt] * (1 if device.type == "cpu" else 8), with_triton, reps)
         rows += prefill_rows(device, dtype, model, [128, 1, 1, 1], [640, 300, 200, 100], with_triton, reps)
+        if device.type == "cuda":
+            rows += mixed_rows(device, dtype, model, 256, 1024, 2, 512, "triton", reps)
+            rows += mixed_rows(device, dtype, model, 64, 1024, 1, 512, "triton", reps)
+        else:
+            rows += mixed_rows(device, dtype, model, 32, 300, 1, 150, "cpu" if with_native else "ref", reps)
     hidden, inter, tokens = (576, 1536, 1024) if device.type == "cpu" else (2048, 8192, 8192)
     if not args.decode_only:
         rows += elementwise_rows(device, dtype, tokens, hidden, inter, with_triton, reps)

@@ -226,18 +226,9 @@ def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
         engine.add_request(request_id, todo[next_index], sampling)
         next_index += 1
 
-    started = time.perf_counter()
-    # the same ramp as the API clients: the first C requests arrive spread over --ramp-s
-    ramp = [started + i * args.ramp_s / args.concurrency for i in range(min(args.concurrency, len(todo)))]
-    while ramp or engine.has_unfinished():
-        while ramp and ramp[0] <= time.perf_counter():
-            ramp.pop(0)
-            add()
-        if not engine.has_unfinished():
-            time.sleep(max(0.0, ramp[0] - time.perf_counter()))
-            continue
-        for output in engine.step():
-            now = time.perf_counter()
+    def on_outputs(outputs) -> None:
+        now = time.perf_counter()
+        for output in outputs:
             stats = results[int(output.request_id.split("-")[1])]
             if output.new_token_ids:
                 if stats.ttft_s is None:
@@ -247,9 +238,37 @@ def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
                 last[output.request_id] = now
             if output.finished:
                 stats.tokens = output.usage.completion_tokens
-                if next_index < len(todo):
-                    add()
-    return results, time.perf_counter() - started
+
+    return results, closed_loop(engine, len(todo), args, add, on_outputs)
+
+
+def closed_loop(engine, total: int, args, add, on_outputs, step=None) -> float:
+    """Drive the engine alone like the API clients: the first --concurrency of ``total`` requests arrive
+    spread over --ramp-s, then each finished request admits the next (``add()``). ``on_outputs`` sees each
+    step's outputs; ``step`` replaces ``engine.step`` (to time it). Returns the wall seconds."""
+    step = step or engine.step
+    admitted = 0
+
+    def admit() -> None:
+        nonlocal admitted
+        add()
+        admitted += 1
+
+    started = time.perf_counter()
+    ramp = [started + i * args.ramp_s / args.concurrency for i in range(min(args.concurrency, total))]
+    while ramp or engine.has_unfinished():
+        while ramp and ramp[0] <= time.perf_counter():
+            ramp.pop(0)
+            admit()
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, ramp[0] - time.perf_counter()))
+            continue
+        outputs = step()
+        on_outputs(outputs)
+        for output in outputs:
+            if output.finished and admitted < total:
+                admit()
+    return time.perf_counter() - started
 
 
 # ---------------------------------------------------------------- report
