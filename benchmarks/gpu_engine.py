@@ -5,6 +5,7 @@
     python benchmarks/gpu_engine.py --device cpu          # tiny-shape smoke run of the script itself
     python benchmarks/gpu_engine.py --json                # last line: one JSON object
     python benchmarks/gpu_engine.py --no-async-scheduling # the peer: stop 8's step order
+    python benchmarks/gpu_engine.py --no-split-mixed      # the peer of the mixed-step attention split
 
 For each shape it writes a random-weight checkpoint (transformers
 LlamaForCausalLM, safetensors, plus a byte-level BPE tokenizer.json like the
@@ -146,16 +147,19 @@ def copy_bandwidth(device: torch.device) -> float:
 
 ASYNC_OUTPUT: bool | None = None  # --sync-output sets False (EngineConfig's default: on for CUDA)
 ASYNC_SCHEDULING: bool | None = None  # --no-async-scheduling / --sync-output set False (default: on for CUDA)
+SPLIT_MIXED = True  # --no-split-mixed: a mixed step's decodes go through the prefill kernel too (the peer)
 
 
 def make_engine(path: Path, device: torch.device, dtype: str, max_seqs: int, kv_mb: int, max_len: int):
     from inference.engine import Engine, EngineConfig
 
-    return Engine(EngineConfig(
+    engine = Engine(EngineConfig(
         model=str(path), device=str(device), dtype=dtype, kv_cache_mb=kv_mb, block_size=16,
         max_num_seqs=max_seqs, max_num_batched_tokens=max(8192, max_seqs), enable_prefix_caching=False,
         max_model_len=max_len, async_output=ASYNC_OUTPUT, async_scheduling=ASYNC_SCHEDULING,
     ))
+    engine.runner.split_mixed = SPLIT_MIXED
+    return engine
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -351,9 +355,12 @@ def main() -> None:
     parser.add_argument("--no-async-scheduling", action="store_true",
                         help="schedule and prepare each step after the previous one's tokens are read back "
                              "(outputs still deferred unless --sync-output)")
+    parser.add_argument("--no-split-mixed", action="store_true",
+                        help="mixed steps send their decode rows through the prefill kernel (the split's peer)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    global ASYNC_OUTPUT, ASYNC_SCHEDULING
+    global ASYNC_OUTPUT, ASYNC_SCHEDULING, SPLIT_MIXED
+    SPLIT_MIXED = not args.no_split_mixed
     if args.sync_output:
         ASYNC_OUTPUT = False
     if args.sync_output or args.no_async_scheduling:
@@ -373,6 +380,8 @@ def main() -> None:
     mode = ("synchronous" if not on_cuda or args.sync_output
             else "deferred outputs (async_output)" if args.no_async_scheduling
             else "async scheduling (next step launched before this one's tokens are read)")
+    if not SPLIT_MIXED:
+        mode += "; mixed steps unsplit"
     print(f"device: {name}; copy bandwidth {bandwidth:.1f} GB/s; dtype {args.dtype}; steps: {mode}")
     report = {"device": name, "dtype": args.dtype, "copy_gb_s": bandwidth, "mode": mode, "shapes": {}}
     for shape_name in shapes:
