@@ -175,7 +175,6 @@ def mixed_rows(device, dtype, model, decodes, ctx, prompts, prompt_len, backend,
     through the attention layer: every row by the prefill kernel (num_decodes 0, the peer) and split
     (the decodes by the decode kernel, as the model runner arranges it)."""
     from inference.engine.attention import PagedAttention
-    from inference.engine.attention_metadata import AttentionMetadata
     from kernels.dispatch import _ops
 
     hq, hkv, dim = SHAPES[model]
@@ -184,17 +183,11 @@ def mixed_rows(device, dtype, model, decodes, ctx, prompts, prompt_len, backend,
     esize = torch.empty((), dtype=dtype).element_size()
     gbytes = (2 * sum(seq_lens) * hkv * dim + 2 * sum(q_lens) * hq * dim) * esize / 1e9
     ops, layer = _ops(backend), PagedAttention(hq, hkv, dim, case.scale)
-    kv = torch.zeros(case.q.shape[0], hkv, dim, dtype=dtype, device=device)
-    slots = torch.full((case.q.shape[0],), -1, dtype=torch.int64, device=device)  # nothing stored
-
-    def meta(num_decodes):
-        return AttentionMetadata(case.query_start_loc, case.seq_lens, case.block_tables, slots,
-                                 case.max_query_len, case.max_seq_len, False, num_decodes)
-
+    kv = torch.zeros(case.q.shape[0], hkv, dim, dtype=dtype, device=device)  # nothing stored: slots are -1
     label = f"{model} {decodes}x1@{ctx}+{prompts}x{prompt_len}"
     rows = []
     for impl, n in ((f"{backend} prefill kernel, all rows", 0), (f"{backend} decodes split off", decodes)):
-        m = meta(n)
+        m = case.attention_metadata(n)
         rows.append(Row("mixed_step_attention", label, impl,
                         time_ms(lambda: layer(case.q, kv, kv, (case.k_cache, case.v_cache), m, ops), device, reps),
                         gbytes))

@@ -37,7 +37,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from serving import closed_loop, output_lengths, prompts_build  # noqa: E402  (benchmarks/, this script's folder)
+from engine_offline import machine, random_prompts  # noqa: E402  (benchmarks/, this script's folder)
+from serving import closed_loop, output_lengths, prompts_build  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 MODES = {"split": True, "unsplit": False}
@@ -82,15 +83,13 @@ def steps_part(engine, args, log) -> dict:
     from inference.engine import SamplingParams
 
     rng = random.Random(args.seed)
-    vocab = engine.vocab_size
-    special = set(engine.tokenizer.all_special_ids)
-
-    def prompt(n):
-        return [t for t in (rng.randrange(vocab) for _ in range(2 * n)) if t not in special][:n]
-
+    vocab, special = engine.vocab_size, set(engine.tokenizer.all_special_ids)
+    decoding = random_prompts(rng, args.decodes, args.context, args.context, vocab, special)
+    admitted = random_prompts(rng, args.rounds * len(MODES) * args.steps_per_round, args.prompt_len,
+                              args.prompt_len, vocab, special)
     long = SamplingParams(max_tokens=4096, temperature=0.0, ignore_eos=True)
-    for i in range(args.decodes):
-        engine.add_request(f"d{i}", prompt(args.context), long)
+    for i, prompt in enumerate(decoding):
+        engine.add_request(f"d{i}", prompt, long)
     while engine.scheduler.waiting:
         engine.step()
     times = {mode: {"decode": [], "mixed": []} for mode in MODES}
@@ -103,7 +102,7 @@ def steps_part(engine, args, log) -> dict:
                 t = time.perf_counter()
                 engine.step()
                 times[mode]["decode"].append(time.perf_counter() - t)
-                engine.add_request(f"p{count}", prompt(args.prompt_len), one)
+                engine.add_request(f"p{count}", admitted[count], one)
                 count += 1
                 t = time.perf_counter()
                 engine.step()  # admits the prompt whole (it fits the token budget): one mixed step
@@ -190,8 +189,7 @@ def main(argv=None) -> None:
     engine = make_engine(args)
     report = {
         "config": vars(args),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch": torch.__version__, "python": platform.python_version()},
+        "machine": {**machine(), "python": platform.python_version()},
     }
     if args.part in ("steps", "both"):
         report["steps"] = steps_part(engine, args, log)

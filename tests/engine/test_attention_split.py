@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from inference.engine.attention import PagedAttention
-from inference.engine.attention_metadata import AttentionMetadata
 from kernels._triton import HAS_TRITON, interpreter_active
 from kernels.dispatch import _ops
 from tests.kernels.paged_cases import make_paged_case
@@ -25,16 +24,6 @@ def _backends():
     return out
 
 
-def _meta(case, num_decodes: int) -> AttentionMetadata:
-    tokens = case.q.shape[0]
-    return AttentionMetadata(
-        query_start_loc=case.query_start_loc, seq_lens=case.seq_lens, block_tables=case.block_tables,
-        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=case.q.device),  # the cache is filled
-        max_query_len=case.max_query_len, max_seq_len=case.max_seq_len, decode_only=False,
-        num_decodes=num_decodes,
-    )
-
-
 @pytest.mark.parametrize("backend,device", _backends())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_mixed_step_equals_the_prefill_kernel_alone(backend, device, dtype):
@@ -45,8 +34,8 @@ def test_split_mixed_step_equals_the_prefill_kernel_alone(backend, device, dtype
     layer = PagedAttention(*HEADS, DIM, case.scale)
     kv = torch.zeros(case.q.shape[0], HEADS[1], DIM, dtype=dtype, device=device)
     cache = (case.k_cache, case.v_cache)
-    whole = layer(case.q, kv, kv, cache, _meta(case, 0), ops)
-    split = layer(case.q, kv, kv, cache, _meta(case, 4), ops)
+    whole = layer(case.q, kv, kv, cache, case.attention_metadata(0), ops)
+    split = layer(case.q, kv, kv, cache, case.attention_metadata(4), ops)
     tol = 3e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(split.float().cpu(), whole.float().cpu(), atol=tol, rtol=0)
     assert split.shape == (case.q.shape[0], HEADS[0] * DIM)
@@ -64,5 +53,5 @@ def test_split_takes_q_as_a_strided_view(backend, device):
     ops, layer = _ops(backend), PagedAttention(*HEADS, DIM, case.scale)
     kv = torch.zeros(case.q.shape[0], HEADS[1], DIM, device=device)
     cache = (case.k_cache, case.v_cache)
-    torch.testing.assert_close(layer(q, kv, kv, cache, _meta(case, 2), ops),
-                               layer(case.q, kv, kv, cache, _meta(case, 0), ops), atol=3e-5, rtol=0)
+    torch.testing.assert_close(layer(q, kv, kv, cache, case.attention_metadata(2), ops),
+                               layer(case.q, kv, kv, cache, case.attention_metadata(0), ops), atol=3e-5, rtol=0)

@@ -26,6 +26,18 @@ class PagedCase:
     def max_seq_len(self) -> int:
         return int(self.seq_lens.max())
 
+    def attention_metadata(self, num_decodes: int = 0):
+        """The engine's metadata for this case as a prefill/mixed step whose K/V are already in the cache
+        (every slot -1: the attention layer stores nothing); ``num_decodes`` leading decodes split off."""
+        from inference.engine.attention_metadata import AttentionMetadata
+
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc, seq_lens=self.seq_lens, block_tables=self.block_tables,
+            slot_mapping=torch.full((self.q.shape[0],), -1, dtype=torch.int64, device=self.q.device),
+            max_query_len=self.max_query_len, max_seq_len=self.max_seq_len, decode_only=False,
+            num_decodes=num_decodes,
+        )
+
 
 def make_paged_case(
     q_lens: list[int],
