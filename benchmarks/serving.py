@@ -32,6 +32,15 @@ at once. Its TTFT is what the client's own work (building the request, parsing
 the chunk) and loopback HTTP cost on this machine: a floor under the paired
 overhead of any gateway, ours or another.
 
+Loaded floor (--loaded-floor, after the client floor): phase 1's closed loop
+again, same prompts, lengths and concurrency, against benchmarks/null_gateway.py,
+a subprocess that streams on a step clock of phase 1's ITL p50 at next to no
+cost while a second process keeps one core busy, as the engine does. Its paired
+overhead is what the SDK client, loopback HTTP and this machine's scheduling
+cost under the same load when the gateway itself costs nothing: the idle floor
+above leaves out the client handling the other streams' chunks and the core
+the engine takes.
+
 Everything runs on this machine (client, server, engine): the client's own
 CPU use is part of the API phase's cost here, as it would not be on separate
 machines.
@@ -202,6 +211,30 @@ async def floor_phase(args, prompts) -> dict:
     return {"requests": len(ttfts), "ttft_p50_ms": ms(pct(ttfts, 50)), "ttft_p99_ms": ms(pct(ttfts, 99))}
 
 
+async def loaded_floor_phase(args, prompts, step_ms: float) -> dict:
+    """Phase 1's closed loop, same prompts and lengths, against benchmarks/null_gateway.py (a subprocess
+    streaming on a --step-ms clock at next to no cost, one core kept busy as the engine keeps it): the
+    paired overhead of a gateway that does nothing, under phase 1's client load, on this machine."""
+    import argparse as _argparse
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).with_name("null_gateway.py")), "--step-ms", f"{step_ms:.1f}", "--burn",
+        stdout=asyncio.subprocess.PIPE)
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        if not line.startswith("port "):
+            raise RuntimeError(f"null_gateway.py did not start: {line!r}")
+        null_args = _argparse.Namespace(**{**vars(args), "url": f"http://127.0.0.1:{int(line.split()[1])}",
+                                           "key": "sk-null"})
+        results, wall = await api_phase(null_args, prompts)
+    finally:
+        proc.terminate()
+        await proc.wait()
+    paired = [r.ttft_s - r.server_ttft_s for r in results if r.ttft_s is not None and r.server_ttft_s is not None]
+    return {"step_ms": round(step_ms, 1), **summary(results, wall),
+            "paired_overhead_p50_ms": ms(pct(paired, 50)), "paired_overhead_p99_ms": ms(pct(paired, 99))}
+
+
 # ---------------------------------------------------------------- phase 2: the engine alone
 def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
     from inference.engine import Engine, EngineConfig, SamplingParams
@@ -327,6 +360,10 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64, help="phase 2: match ENGINE_MAX_NUM_SEQS")
     parser.add_argument("--floor-requests", type=int, default=64,
                         help="requests against the in-process null server (the client's floor); 0 skips it")
+    parser.add_argument("--loaded-floor", action="store_true",
+                        help="after phase 1, the same load against benchmarks/null_gateway.py (the floor under load)")
+    parser.add_argument("--floor-step-ms", type=float, default=None,
+                        help="--loaded-floor's step clock (default: phase 1's ITL p50)")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with every figure")
     args = parser.parse_args()
     if not args.key:
@@ -337,6 +374,9 @@ def main() -> None:
     api_results, api_wall = asyncio.run(api_phase(args, prompts))
     api_sum = summary(api_results, api_wall)
     floor = asyncio.run(floor_phase(args, prompts)) if args.floor_requests > 0 else None
+    loaded = None
+    if args.loaded_floor:
+        loaded = asyncio.run(loaded_floor_phase(args, prompts, args.floor_step_ms or api_sum["itl_p50_ms"]))
     engine_sum = None
     if not args.no_engine:
         engine_results, engine_wall = engine_phase(args, prompts)
@@ -345,9 +385,9 @@ def main() -> None:
         "config": {k: getattr(args, k) for k in ("url", "concurrency", "requests", "prompt_words", "max_tokens",
                                                  "jitter", "ramp_s", "dtype", "threads")},
         "machine": machine(), "api": api_sum, "engine_alone": engine_sum, "gateway": gateway(api_results, api_sum, engine_sum),
-        "client_floor": floor,
+        "client_floor": floor, "loaded_floor": loaded,
     }
-    for section in ("api", "engine_alone", "gateway", "client_floor"):
+    for section in ("api", "engine_alone", "gateway", "client_floor", "loaded_floor"):
         if report[section]:
             print(f"{section:13s} " + "  ".join(f"{k}={v}" for k, v in report[section].items()))
     if args.json:

@@ -1,0 +1,49 @@
+"""benchmarks/null_gateway.py (serving.py's loaded floor) speaks the API's streaming protocol to the real SDK."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "null_gateway.py"
+
+
+@pytest.fixture
+def null_gateway():
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--step-ms", "20"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("port "), line
+        yield f"http://127.0.0.1:{int(line.split()[1])}/v1"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0  # SIGTERM ends it cleanly
+
+
+def test_streams_one_chunk_per_step_with_usage_and_timing(null_gateway):
+    client = openai.OpenAI(base_url=null_gateway, api_key="sk-null", max_retries=0, timeout=30)
+    for max_tokens in (5, 1):  # two requests on one keep-alive connection
+        sent = time.perf_counter()
+        stream = client.chat.completions.create(
+            model="smollm2-135m-instruct", messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens,
+            stream=True, stream_options={"include_usage": True, "include_timing": True})
+        contents, arrivals, finish, usage, timing = [], [], None, None, None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                contents.append(chunk.choices[0].delta.content)
+                arrivals.append(time.perf_counter())
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            timing = (chunk.model_extra or {}).get("timing") or timing
+            usage = chunk.usage or usage
+        assert len(contents) == max_tokens
+        assert finish == "length"
+        assert usage.completion_tokens == max_tokens
+        # the server's clock (request read -> first token handed over) fits inside the client's TTFT
+        assert 0 <= timing["ttft_s"] <= arrivals[0] - sent
+        # one token per 20 ms step: the tokens of a stream come at least a step apart on average
+        if max_tokens > 1:
+            assert (arrivals[-1] - arrivals[0]) / (max_tokens - 1) >= 0.015
