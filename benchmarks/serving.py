@@ -215,8 +215,6 @@ async def loaded_floor_phase(args, prompts, step_ms: float) -> dict:
     """Phase 1's closed loop, same prompts and lengths, against benchmarks/null_gateway.py (a subprocess
     streaming on a --step-ms clock at next to no cost, one core kept busy as the engine keeps it): the
     paired overhead of a gateway that does nothing, under phase 1's client load, on this machine."""
-    import argparse as _argparse
-
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(Path(__file__).with_name("null_gateway.py")), "--step-ms", f"{step_ms:.1f}", "--burn",
         stdout=asyncio.subprocess.PIPE)
@@ -224,15 +222,15 @@ async def loaded_floor_phase(args, prompts, step_ms: float) -> dict:
         line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
         if not line.startswith("port "):
             raise RuntimeError(f"null_gateway.py did not start: {line!r}")
-        null_args = _argparse.Namespace(**{**vars(args), "url": f"http://127.0.0.1:{int(line.split()[1])}",
+        null_args = argparse.Namespace(**{**vars(args), "url": f"http://127.0.0.1:{int(line.split()[1])}",
                                            "key": "sk-null"})
         results, wall = await api_phase(null_args, prompts)
     finally:
         proc.terminate()
         await proc.wait()
-    paired = [r.ttft_s - r.server_ttft_s for r in results if r.ttft_s is not None and r.server_ttft_s is not None]
-    return {"step_ms": round(step_ms, 1), **summary(results, wall),
-            "paired_overhead_p50_ms": ms(pct(paired, 50)), "paired_overhead_p99_ms": ms(pct(paired, 99))}
+    totals = summary(results, wall)
+    paired = {k: v for k, v in gateway(results, totals, None).items() if k.startswith("paired_overhead_p")}
+    return {"step_ms": round(step_ms, 1), **totals, **paired}
 
 
 # ---------------------------------------------------------------- phase 2: the engine alone
