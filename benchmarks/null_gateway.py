@@ -39,9 +39,21 @@ BURN = ("import os, torch; torch.set_num_threads(1); a = torch.randn(512, 512); 
         "while os.getppid() == parent: a = (a @ b).clamp_(-1, 1)")  # ends with its parent, however that ends
 
 
-def _event(obj: dict) -> bytes:
-    data = b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+def chunked(data: bytes) -> bytes:
+    """`data` as one chunk of an HTTP/1.1 chunked body."""
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _event(obj: dict) -> bytes:
+    return chunked(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """The body of the next request on an HTTP/1.1 keep-alive connection (IncompleteReadError at its end)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return await reader.readexactly(length)
 
 
 def _chunk(delta: dict, finish_reason: str | None = None, **extra) -> dict:
@@ -54,7 +66,7 @@ def _chunk(delta: dict, finish_reason: str | None = None, **extra) -> dict:
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
 ROLE = _event(_chunk({"role": "assistant", "content": "", "refusal": None}))
 TOKEN = _event(_chunk({"content": " word"}))
-DONE = b"%x\r\n%s\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n") + b"0\r\n\r\n"
+DONE = chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
 @dataclass(slots=True)
@@ -76,10 +88,7 @@ class NullGateway:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                body = json.loads(await reader.readexactly(length))
+                body = json.loads(await read_request(reader))
                 tokens = max(1, int(body.get("max_tokens") or 16))
                 stream = Stream(writer, tokens, tokens, time.perf_counter())
                 writer.write(HEAD + ROLE)

@@ -161,18 +161,16 @@ async def api_phase(args, prompts) -> tuple[list[RequestStats], float]:
 # ---------------------------------------------------------------- the client's own floor
 async def _null_sse_server(reader, writer) -> None:
     """Answers every chat request at once with a role chunk, one content chunk, [DONE] (HTTP/1.1 keep-alive)."""
+    from null_gateway import chunked, read_request  # benchmarks/, this script's folder
     chunk = {"id": "chatcmpl-floor", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
              "choices": [{"index": 0, "delta": {"content": "hi"}, "logprobs": None, "finish_reason": None}]}
     role = {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}]}
     events = [f"data: {json.dumps(c)}\n\n".encode() for c in (role, chunk)] + [b"data: [DONE]\n\n"]
-    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    body = b"".join(chunked(e) for e in events) + b"0\r\n\r\n"
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
-            await reader.readexactly(length)
+            await read_request(reader)
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + body)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
