@@ -44,6 +44,11 @@ the engine takes.
 Everything runs on this machine (client, server, engine): the client's own
 CPU use is part of the API phase's cost here, as it would not be on separate
 machines.
+
+The client is the SDK as a tenant would run it: httpx on asyncio by default;
+--http-client aiohttp (`openai.DefaultAioHttpClient`) and --loop uvloop change
+it in every phase over HTTP, the floors' included, so a figure and its floor
+always come from the same client.
 """
 
 from __future__ import annotations
@@ -111,6 +116,15 @@ def prompts_build(count: int, words: int, seed: int) -> list[list[dict]]:
 
 
 # ---------------------------------------------------------------- phase 1: through the API
+def sdk_client(args, base_url: str, key: str):
+    """The `openai` SDK's async client over --http-client: httpx (its default) or aiohttp
+    (`openai.DefaultAioHttpClient`, the SDK's own backend for many concurrent requests; `openai[aiohttp]`)."""
+    import openai
+
+    http_client = openai.DefaultAioHttpClient(timeout=600) if args.http_client == "aiohttp" else None
+    return openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600, http_client=http_client)
+
+
 async def api_one(client, messages, max_tokens: int) -> RequestStats:
     stats = RequestStats()
     sent = last = time.perf_counter()
@@ -135,9 +149,7 @@ async def api_one(client, messages, max_tokens: int) -> RequestStats:
 
 
 async def api_phase(args, prompts) -> tuple[list[RequestStats], float]:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=args.url.rstrip("/") + "/v1", api_key=args.key, max_retries=0, timeout=600)
+    client = sdk_client(args, args.url.rstrip("/") + "/v1", args.key)
     for messages in prompts[: args.warmup]:
         await api_one(client, messages, 4)
     lengths = output_lengths(args)
@@ -186,11 +198,9 @@ async def floor_phase(args, prompts) -> dict:
     parsing the chunk) plus HTTP over loopback: a floor under any gateway's
     paired overhead on this machine, measured in the same run.
     """
-    import openai
-
     server = await asyncio.start_server(_null_sse_server, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-floor", max_retries=0, timeout=60)
+    client = sdk_client(args, f"http://127.0.0.1:{port}/v1", "sk-floor")
     ttfts = []
     for index in range(args.warmup + args.floor_requests):
         messages = prompts[index % len(prompts)]
@@ -360,12 +370,20 @@ def main() -> None:
                         help="after phase 1, the same load against benchmarks/null_gateway.py (the floor under load)")
     parser.add_argument("--floor-step-ms", type=float, default=None,
                         help="--loaded-floor's step clock (default: phase 1's ITL p50)")
+    parser.add_argument("--http-client", choices=("httpx", "aiohttp"), default="httpx",
+                        help="the SDK's HTTP backend in every phase through HTTP (aiohttp needs openai[aiohttp])")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="the client's event loop in every phase through HTTP")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with every figure")
     args = parser.parse_args()
     if not args.key:
         parser.error("--key (or $OPENAI_API_KEY) is required")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     prompts = prompts_build(args.warmup + args.requests, args.prompt_words, args.seed)
+    if args.loop == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
     api_results, api_wall = asyncio.run(api_phase(args, prompts))
     api_sum = summary(api_results, api_wall)
@@ -379,7 +397,7 @@ def main() -> None:
         engine_sum = summary(engine_results, engine_wall)
     report = {
         "config": {k: getattr(args, k) for k in ("url", "concurrency", "requests", "prompt_words", "max_tokens",
-                                                 "jitter", "ramp_s", "dtype", "threads")},
+                                                 "jitter", "ramp_s", "dtype", "threads", "http_client", "loop")},
         "machine": machine(), "api": api_sum, "engine_alone": engine_sum, "gateway": gateway(api_results, api_sum, engine_sum),
         "client_floor": floor, "loaded_floor": loaded,
     }

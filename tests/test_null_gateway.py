@@ -47,3 +47,24 @@ def test_streams_one_chunk_per_step_with_usage_and_timing(null_gateway):
         # one token per 20 ms step: the tokens of a stream come at least a step apart on average
         if max_tokens > 1:
             assert (arrivals[-1] - arrivals[0]) / (max_tokens - 1) >= 0.015
+
+
+@pytest.mark.parametrize("http_client", ["httpx", "aiohttp"])
+def test_serving_closed_loop_over_each_sdk_backend(null_gateway, http_client):
+    """serving.py's phase 1 (the SDK over --http-client, a closed loop) reads every request's figures."""
+    import argparse
+    import asyncio
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import serving
+
+    args = argparse.Namespace(url=null_gateway.removesuffix("/v1"), key="sk-null", http_client=http_client, warmup=1,
+                              requests=4, concurrency=2, ramp_s=0.0, max_tokens=3, jitter=0.0, seed=0)
+    prompts = serving.prompts_build(args.warmup + args.requests, 8, args.seed)
+    results, wall = asyncio.run(serving.api_phase(args, prompts))
+    assert len(results) == 4 and wall > 0
+    for stats in results:
+        assert stats.tokens == 3 and len(stats.itl_s) == 2
+        assert 0 <= stats.server_ttft_s <= stats.ttft_s
+    paired = serving.gateway(results, serving.summary(results, wall), None)
+    assert paired["paired_overhead_p50_ms"] > 0
