@@ -50,16 +50,18 @@ def test_streams_one_chunk_per_step_with_usage_and_timing(null_gateway):
 
 
 @pytest.mark.parametrize("http_client", ["httpx", "aiohttp"])
-def test_serving_closed_loop_over_each_sdk_backend(null_gateway, http_client):
+def test_serving_closed_loop_over_each_sdk_backend(null_gateway, http_client, monkeypatch):
     """serving.py's phase 1 (the SDK over --http-client, a closed loop) reads every request's figures."""
     import argparse
     import asyncio
 
-    sys.path.insert(0, str(SCRIPT.parent))
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import serving
 
     args = argparse.Namespace(url=null_gateway.removesuffix("/v1"), key="sk-null", http_client=http_client, warmup=1,
                               requests=4, concurrency=2, ramp_s=0.0, max_tokens=3, jitter=0.0, seed=0)
+    backend = serving.sdk_client(args, null_gateway, "sk-null")._client  # the SDK's HTTP client
+    assert isinstance(backend, openai.DefaultAioHttpClient) == (http_client == "aiohttp")
     prompts = serving.prompts_build(args.warmup + args.requests, 8, args.seed)
     results, wall = asyncio.run(serving.api_phase(args, prompts))
     assert len(results) == 4 and wall > 0
