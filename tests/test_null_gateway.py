@@ -60,8 +60,9 @@ def test_serving_closed_loop_over_each_sdk_backend(null_gateway, http_client, mo
 
     args = argparse.Namespace(url=null_gateway.removesuffix("/v1"), key="sk-null", http_client=http_client, warmup=1,
                               requests=4, concurrency=2, ramp_s=0.0, max_tokens=3, jitter=0.0, seed=0)
-    backend = serving.sdk_client(args, null_gateway, "sk-null")._client  # the SDK's HTTP client
-    assert isinstance(backend, openai.DefaultAioHttpClient) == (http_client == "aiohttp")
+    client = serving.sdk_client(args, null_gateway, "sk-null")
+    assert isinstance(client._client, openai.DefaultAioHttpClient) == (http_client == "aiohttp")  # its HTTP client
+    asyncio.run(client.close())
     prompts = serving.prompts_build(args.warmup + args.requests, 8, args.seed)
     results, wall = asyncio.run(serving.api_phase(args, prompts))
     assert len(results) == 4 and wall > 0
