@@ -20,6 +20,7 @@ def null_gateway():
         yield f"http://127.0.0.1:{int(line.split()[1])}/v1"
     finally:
         proc.terminate()
+        proc.stdout.close()
         assert proc.wait(timeout=10) == 0  # SIGTERM ends it cleanly
 
 
