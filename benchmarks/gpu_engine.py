@@ -4,7 +4,7 @@
     python benchmarks/gpu_engine.py --shapes smollm2-135m --quick
     python benchmarks/gpu_engine.py --device cpu          # tiny-shape smoke run of the script itself
     python benchmarks/gpu_engine.py --json                # last line: one JSON object
-    python benchmarks/gpu_engine.py --no-async-scheduling # the peer: stop 8's step order
+    python benchmarks/gpu_engine.py --async-scheduling    # the candidate (opt-in until measured here); the default is its peer
     python benchmarks/gpu_engine.py --no-split-mixed      # the peer of the mixed-step attention split
 
 For each shape it writes a random-weight checkpoint (transformers
@@ -146,7 +146,7 @@ def copy_bandwidth(device: torch.device) -> float:
 
 
 ASYNC_OUTPUT: bool | None = None  # --sync-output sets False (EngineConfig's default: on for CUDA)
-ASYNC_SCHEDULING: bool | None = None  # --no-async-scheduling / --sync-output set False (default: on for CUDA)
+ASYNC_SCHEDULING = False  # --async-scheduling sets True (EngineConfig's default: off, until measured on a GPU)
 SPLIT_MIXED = True  # --no-split-mixed: a mixed step's decodes go through the prefill kernel too (the peer)
 
 
@@ -352,9 +352,9 @@ def main() -> None:
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--sync-output", action="store_true",
                         help="build each step's outputs before the next step (no overlap with the GPU)")
-    parser.add_argument("--no-async-scheduling", action="store_true",
-                        help="schedule and prepare each step after the previous one's tokens are read back "
-                             "(outputs still deferred unless --sync-output)")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+                        help="schedule, prepare and launch each step before the previous one's tokens are read "
+                             "back (off: after them, outputs still deferred unless --sync-output)")
     parser.add_argument("--no-split-mixed", action="store_true",
                         help="mixed steps send their decode rows through the prefill kernel (the split's peer)")
     parser.add_argument("--json", action="store_true")
@@ -363,8 +363,9 @@ def main() -> None:
     SPLIT_MIXED = not args.no_split_mixed
     if args.sync_output:
         ASYNC_OUTPUT = False
-    if args.sync_output or args.no_async_scheduling:
-        ASYNC_SCHEDULING = False
+    if args.sync_output and args.async_scheduling:
+        parser.error("--sync-output and --async-scheduling contradict each other")
+    ASYNC_SCHEDULING = args.async_scheduling
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -377,9 +378,9 @@ def main() -> None:
         work, shapes, name = SMOKE, args.shapes or ["tiny"], f"CPU ({torch.get_num_threads()} threads), smoke run"
     bandwidth = copy_bandwidth(device)
     on_cuda = device.type == "cuda"
-    mode = ("synchronous" if not on_cuda or args.sync_output
-            else "deferred outputs (async_output)" if args.no_async_scheduling
-            else "async scheduling (next step launched before this one's tokens are read)")
+    mode = ("async scheduling (next step launched before this one's tokens are read)" if args.async_scheduling
+            else "synchronous" if not on_cuda or args.sync_output
+            else "deferred outputs (async_output)")
     if not SPLIT_MIXED:
         mode += "; mixed steps unsplit"
     print(f"device: {name}; copy bandwidth {bandwidth:.1f} GB/s; dtype {args.dtype}; steps: {mode}")

@@ -17,7 +17,7 @@ stop-string matches and RequestOutputs while the GPU runs the next step, whose
 one step after its token; the token computed meanwhile for it is dropped (never
 emitted, never counted). Outputs are the same as without it, one step later.
 
-With `async_scheduling` (the default on CUDA; implies deferred outputs) the host
+With `async_scheduling` (opt-in until it has run on a GPU; implies deferred outputs) the host
 work between two forwards leaves the critical path too: `step()` schedules,
 prepares and launches the next step before reading back the tokens of the one
 in flight (`Sequence.pending`: a decode input taken on the device from that
@@ -98,8 +98,7 @@ class Engine:
         self._deferred: list[tuple] = []
         self.async_output = (config.async_output if config.async_output is not None
                              else self.device.type == "cuda")
-        self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
-                                 else self.device.type == "cuda")
+        self.async_scheduling = config.async_scheduling
         # async_scheduling: the launched step whose tokens are not read back yet, and whether the next
         # schedule must wait for them (a row whose sampling reads its token history on the host)
         self._inflight: PendingSample | None = None

@@ -1,6 +1,6 @@
-"""async_scheduling (the CUDA default): the next step is scheduled and launched before the tokens
-of the step in flight are read back; a decoding sequence's input is then its pending token,
-copied on the device from that step's sampled ids.
+"""async_scheduling (opt-in, `EngineConfig.async_scheduling`): the next step is scheduled and
+launched before the tokens of the step in flight are read back; a decoding sequence's input is
+then its pending token, copied on the device from that step's sampled ids.
 
 On the CPU nothing overlaps, but the bookkeeping is the same, so these tests force it on and hold
 it to the synchronous engine: the same tokens, text, finish and stop reasons, usage and logprobs

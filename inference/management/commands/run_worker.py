@@ -8,6 +8,7 @@ error event.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import re
 import signal
@@ -25,6 +26,13 @@ logger = logging.getLogger(__name__)
 DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
+def step_order(*, sync_output: bool, async_scheduling: bool) -> dict:
+    """EngineConfig's async_output / async_scheduling for the two flags (None: the engine's default)."""
+    if sync_output and async_scheduling:
+        raise CommandError("--sync-output and --async-scheduling contradict each other: pick one")
+    return {"async_output": False if sync_output else None, "async_scheduling": async_scheduling}
+
+
 class Command(BaseCommand):
     help = "Serve one model from the job queue (needs REDIS_URL)."
 
@@ -37,9 +45,9 @@ class Command(BaseCommand):
         parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
         parser.add_argument("--no-cuda-graphs", action="store_true",
                             help="run CUDA decode steps eagerly instead of replaying CUDA graphs (debugging)")
-        parser.add_argument("--no-async-scheduling", action="store_true",
-                            help="on CUDA, schedule and launch each step only after the previous step's tokens are "
-                                 "read back (debugging; its deltas are still built while the next step runs)")
+        parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+                            help="on CUDA, schedule and launch the next step before the tokens of the one in flight "
+                                 "are read back (off by default: not yet run on a GPU, see BENCHMARKS.md)")
         parser.add_argument("--sync-output", action="store_true",
                             help="on CUDA, finish each step (tokens read back, deltas built) before the next one "
                                  "starts (debugging; deltas then arrive one step sooner, at a throughput cost)")
@@ -57,9 +65,8 @@ class Command(BaseCommand):
             return engine_build(model=model, device=device, dtype=options["dtype"],
                                 kv_cache_mb=options["kv_cache_mb"], max_num_seqs=max_num_seqs,
                                 cuda_graphs=not options["no_cuda_graphs"],
-                                async_output=False if options["sync_output"] else None,
-                                async_scheduling=(False if options["sync_output"] or options["no_async_scheduling"]
-                                                  else None))
+                                **step_order(sync_output=options["sync_output"],
+                                             async_scheduling=options["async_scheduling"]))
 
         sink = EventSink()
         loop = WorkerLoop(
