@@ -47,10 +47,11 @@ from inference.engine.sampler import PendingSample, Sampler
 from inference.engine.sampling_params import EngineValidationError, SamplingParams
 from inference.engine.scheduler import Scheduler
 from inference.engine.scheduler_policy import PriorityPolicy
-from inference.engine.sequence import Sequence
+from inference.engine.sequence import Sequence, SeqStatus
 from inference.engine.stop_checker import StopChecker
 
 _RATE_WINDOW_S = 10.0
+FINISHED = SeqStatus.FINISHED
 
 
 class Engine:
@@ -192,11 +193,12 @@ class Engine:
         t3 = time.perf_counter()
         now = time.time()
         taken = []
-        for i, seq in enumerate(seqs):
-            if seq.is_finished:  # async_output: a late stop string or an abort; this token is dropped
-                continue
-            lp = sampled.logprobs[i] if sampled.logprobs is not None else None
-            taken.append(self._take_token(seq, sampled.token_ids[i], lp, now))
+        if sampled is not None:
+            token_ids, lps, take = sampled.token_ids, sampled.logprobs, self._take_token
+            for i, seq in enumerate(seqs):
+                if seq.status is FINISHED:  # async_output: a late stop string or an abort; this token is dropped
+                    continue
+                taken.append(take(seq, token_ids[i], None if lps is None else lps[i], now))
         t3b = time.perf_counter()
         if self.async_output:
             self._deferred = taken
@@ -268,12 +270,12 @@ class Engine:
         taken = []
         bm = self.block_manager
         bs = bm.block_size if bm.enable_prefix_caching else 0
+        token_ids, lps, take = sampled.token_ids, sampled.logprobs, self._take_token
         for i, seq in enumerate(pending.seqs):
             seq.pending -= 1
-            if seq.is_finished:
+            if seq.status is FINISHED:
                 continue
-            lp = sampled.logprobs[i] if sampled.logprobs is not None else None
-            taken.append(self._take_token(seq, sampled.token_ids[i], lp, now))
+            taken.append(take(seq, token_ids[i], None if lps is None else lps[i], now))
             if bs and len(seq.token_ids) % bs == 0 and not seq.is_finished:
                 bm.cache_full_blocks(seq)  # a block completed by this token, computed before it was known
         t2 = time.perf_counter()
@@ -288,10 +290,12 @@ class Engine:
     # tokens runs during the next step.
     def _take_token(self, seq: Sequence, token: int, lp, now: float) -> tuple:
         """Append the token and decide stop tokens and length limits (finishing the request at once)."""
-        seq.append_token(token)
+        out = seq.output_token_ids
+        out.append(token)  # Sequence.append_token, inline: this runs for every sequence every step
+        seq.token_ids.append(token)
         if seq.first_token_time is None:
             seq.first_token_time = now
-        n_out = len(seq.output_token_ids)
+        n_out = len(out)
         stopper = seq.stopper
         stop = stopper.check_token(token, n_out)
         if stop is not None:

@@ -104,21 +104,29 @@ class Scheduler:
         key = self.policy.sort_key(now)
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
-        self.running.sort(key=key)
+        running = self.running
+        running.sort(key=key)
 
+        # Every running sequence passes here every step: attributes are read directly, and a sequence
+        # whose tokens fit the blocks it holds (most decode steps) skips the block manager.
+        block_size = self.bm.block_size
+        add_seq, add_n = batch.seqs.append, batch.num_new_tokens.append
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            if seq.ends_with_pending:  # async scheduling: its last token is on its way; nothing to compute
-                i += 1
-                continue
-            # seq.pending (async scheduling): a token sampled by a step still in flight is its next input
-            n = min(seq.num_tokens + seq.pending - seq.num_computed_tokens, budget)
-            if not self._grow_or_preempt(seq, n, batch):
-                break  # `seq` itself was the worst and got preempted
-            batch._add(seq, n)
-            budget -= n
+        while i < len(running) and budget > 0:
+            seq = running[i]
             i += 1
+            pending = seq.pending  # async scheduling: tokens sampled by steps in flight, not yet appended
+            if pending and len(seq.output_token_ids) + pending >= seq.max_tokens:
+                continue  # its pending token is its last (max_tokens): a step scheduled ahead would be wasted
+            computed = seq.num_computed_tokens
+            n = len(seq.token_ids) + pending - computed  # a pending token is its next input
+            if n > budget:
+                n = budget
+            if computed + n > len(seq.block_table) * block_size and not self._grow_or_preempt(seq, n, batch):
+                break  # `seq` itself was the worst and got preempted
+            add_seq(seq)
+            add_n(n)
+            budget -= n
 
         if not batch.preempted:  # memory is tight when anyone was preempted: admit nobody new
             self.waiting.sort(key=key)

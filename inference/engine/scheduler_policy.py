@@ -25,17 +25,20 @@ class PriorityPolicy:
         self.max_preemptions = max_preemptions
 
     def effective_priority(self, seq: Sequence, now: float) -> float:
-        if seq.num_preemptions >= self.max_preemptions > 0:
-            return -math.inf
-        if self.aging_s is None:
-            return seq.priority
-        return seq.priority - max(0.0, now - seq.arrival_time) // self.aging_s
+        return self.sort_key(now)(seq)[0]
 
     def sort_key(self, now: float):
-        eff = self.effective_priority
+        """(effective priority, arrival, insertion order) of a sequence at `now`. One closure call per
+        sequence (the scheduler sorts every running sequence every step), so it is written inline."""
+        aging, bound = self.aging_s, self.max_preemptions
 
         def key(seq: Sequence):
-            return (eff(seq, now), seq.arrival_time, seq.order)
+            if seq.num_preemptions >= bound > 0:
+                return (-math.inf, seq.arrival_time, seq.order)
+            if aging is None:
+                return (seq.priority, seq.arrival_time, seq.order)
+            arrival = seq.arrival_time
+            return (seq.priority - (now - arrival if now > arrival else 0.0) // aging, arrival, seq.order)
 
         return key
 

@@ -96,11 +96,6 @@ class Sequence:
         """Whether a step computing `num_new_tokens` more of it reaches its end, so samples a token."""
         return self.num_computed_tokens + num_new_tokens == len(self.token_ids) + self.pending
 
-    @property
-    def ends_with_pending(self) -> bool:
-        """Its pending token is its last one (max_tokens): a step scheduled ahead would be wasted."""
-        return self.pending > 0 and len(self.output_token_ids) + self.pending >= self.max_tokens
-
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.token_ids.append(token_id)
