@@ -46,8 +46,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-cuda-graphs", action="store_true",
                             help="run CUDA decode steps eagerly instead of replaying CUDA graphs (debugging)")
         parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
-                            help="on CUDA, schedule and launch the next step before the tokens of the one in flight "
-                                 "are read back (off by default: not yet run on a GPU, see BENCHMARKS.md)")
+                            help="schedule and launch the next step before the tokens of the one in flight are "
+                                 "read back, overlapping the GPU (off by default: not yet run on a GPU, see "
+                                 "BENCHMARKS.md)")
         parser.add_argument("--sync-output", action="store_true",
                             help="on CUDA, finish each step (tokens read back, deltas built) before the next one "
                                  "starts (debugging; deltas then arrive one step sooner, at a throughput cost)")
