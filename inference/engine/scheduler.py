@@ -107,9 +107,8 @@ class Scheduler:
         running = self.running
         running.sort(key=key)
 
-        # Every running sequence passes here every step: attributes are read directly, and a sequence
-        # whose tokens fit the blocks it holds (most decode steps) skips the block manager.
-        block_size = self.bm.block_size
+        # Every running sequence passes here every step: attributes are read directly.
+        allocate = self.bm.allocate
         add_seq, add_n = batch.seqs.append, batch.num_new_tokens.append
         i = 0
         while i < len(running) and budget > 0:
@@ -122,7 +121,7 @@ class Scheduler:
             n = len(seq.token_ids) + pending - computed  # a pending token is its next input
             if n > budget:
                 n = budget
-            if computed + n > len(seq.block_table) * block_size and not self._grow_or_preempt(seq, n, batch):
+            if not allocate(seq, n) and not self._preempt_until_allocated(seq, n, batch):
                 break  # `seq` itself was the worst and got preempted
             add_seq(seq)
             add_n(n)
@@ -137,13 +136,16 @@ class Scheduler:
                 budget -= n
         return batch
 
-    def _grow_or_preempt(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
-        while not self.bm.allocate(seq, n):
+    def _preempt_until_allocated(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """`seq` could not get blocks for `n` more tokens: preempt the worst running sequence until it can.
+        False when `seq` itself was the worst."""
+        while True:
             victim = self.running[-1]
             self._preempt(victim, batch)
             if victim is seq:
                 return False
-        return True
+            if self.bm.allocate(seq, n):
+                return True
 
     def _admit(self, seq: Sequence, budget: int, now: float, key, batch: ScheduledBatch) -> int:
         """Admit the best waiting sequence; return the tokens scheduled for it (0: not admitted)."""
