@@ -24,6 +24,7 @@ Peers in the same run, interleaved: the two detokenizers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _compare import medians_against  # noqa: E402
 
 DETOKENIZERS = ("byte-level", "window")
+VOCAB = 4096  # the tiny model's vocabulary (gpu_engine's "tiny" shape otherwise)
 
 
 def run_steps(path: Path, args, detokenizer: str) -> dict[str, float]:
@@ -79,17 +81,17 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each detokenizer, interleaved")
-    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, default=VOCAB)
     parser.add_argument("--mode", choices=["async_scheduling", "async_output"], default="async_scheduling",
                         help="the engine's step order (async_output: the CUDA default; async_scheduling: opt-in)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from gpu_engine import Shape, write_checkpoint
+    from gpu_engine import SHAPES, write_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
-        write_checkpoint(Shape(args.vocab, 64, 128, 2, 4, 2, 16, 10000.0), path, 0)
+        write_checkpoint(dataclasses.replace(SHAPES["tiny"], vocab=args.vocab), path, 0)
         rounds = {name: [] for name in DETOKENIZERS}
         for _ in range(args.rounds):
             for name in DETOKENIZERS:

@@ -23,20 +23,22 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_host  # noqa: E402
 from _compare import medians_against  # noqa: E402
 
 PHASES = ("schedule", "prepare", "take", "output", "step")
 
+# runs in the measured checkout, with its own engine_host and gpu_engine (the same model as engine_host.py's)
 _RUN = r"""
-import argparse, json, sys, tempfile
+import argparse, dataclasses, json, sys, tempfile
 from pathlib import Path
-tree, mode, batch, context, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+tree, mode, batch, context, steps, vocab = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 sys.path[:0] = [tree, tree + "/benchmarks"]
 from engine_host import run_steps
-from gpu_engine import Shape, write_checkpoint
-args = argparse.Namespace(batch=batch, context=context, steps=steps, vocab=4096, mode=mode)
+from gpu_engine import SHAPES, write_checkpoint
+args = argparse.Namespace(batch=batch, context=context, steps=steps, vocab=vocab, mode=mode)
 with tempfile.TemporaryDirectory() as tmp:
-    write_checkpoint(Shape(4096, 64, 128, 2, 4, 2, 16, 10000.0), Path(tmp), 0)
+    write_checkpoint(dataclasses.replace(SHAPES["tiny"], vocab=vocab), Path(tmp), 0)
     print("PHASES " + json.dumps(run_steps(Path(tmp), args, "byte-level")))
 """
 
@@ -44,7 +46,8 @@ with tempfile.TemporaryDirectory() as tmp:
 def run_once(tree: Path, args) -> dict[str, float]:
     """One process running `tree`'s engine: median ms per step of each phase."""
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN, str(tree), args.mode, str(args.batch), str(args.context), str(args.steps)],
+        [sys.executable, "-c", _RUN, str(tree), args.mode,
+         *map(str, (args.batch, args.context, args.steps, engine_host.VOCAB))],
         capture_output=True, text=True, cwd=tree, check=False,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("PHASES ")]
