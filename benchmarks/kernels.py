@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from kernels import activation, kv_store, paged_decode_attention as pda  # noqa: E402
-from kernels import prefill_attention as pfa, rms_norm as rms, rotary  # noqa: E402
+from kernels import prefill_attention as pfa, rms_norm as rms, rotary, rotary_kv_store as rkv  # noqa: E402
 from kernels import cpu_native  # noqa: E402
 from kernels.cpu_allocator import tune_cpu_allocator  # noqa: E402
 from kernels.paged_decode_attention_cpu import paged_decode_attention_cpu  # noqa: E402
@@ -183,13 +183,12 @@ def mixed_rows(device, dtype, model, decodes, ctx, prompts, prompt_len, backend,
     esize = torch.empty((), dtype=dtype).element_size()
     gbytes = (2 * sum(seq_lens) * hkv * dim + 2 * sum(q_lens) * hq * dim) * esize / 1e9
     ops, layer = _ops(backend), PagedAttention(hq, hkv, dim, case.scale)
-    kv = torch.zeros(case.q.shape[0], hkv, dim, dtype=dtype, device=device)  # nothing stored: slots are -1
     label = f"{model} {decodes}x1@{ctx}+{prompts}x{prompt_len}"
     rows = []
     for impl, n in ((f"{backend} prefill kernel, all rows", 0), (f"{backend} decodes split off", decodes)):
         m = case.attention_metadata(n)
         rows.append(Row("mixed_step_attention", label, impl,
-                        time_ms(lambda: layer(case.q, kv, kv, (case.k_cache, case.v_cache), m, ops), device, reps),
+                        time_ms(lambda: layer(case.q, (case.k_cache, case.v_cache), m, ops), device, reps),
                         gbytes))
     return rows
 
@@ -209,6 +208,7 @@ def elementwise_rows(device, dtype, tokens, hidden, inter, with_triton, reps) ->
     k_cache = torch.zeros(blocks, 16, hkv, dim, device=device, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     slots = torch.randperm(blocks * 16, device=device)[:tokens]
+    v = torch.randn_like(k)
     label = f"T={tokens} H={hidden}"
     cases = [
         ("rms_norm", (rms.rms_norm_ref, rms.rms_norm), (x, w, 1e-5), 2 * x.numel() * esize),
@@ -218,8 +218,11 @@ def elementwise_rows(device, dtype, tokens, hidden, inter, with_triton, reps) ->
          1.5 * gate_up.numel() * esize),
         ("rotary_embedding", (rotary.rotary_embedding_ref, rotary.rotary_embedding), (positions, q, k, cache),
          2 * (q.numel() + k.numel()) * esize),
-        ("store_kv", (kv_store.store_kv_ref, kv_store.store_kv), (k, torch.randn_like(k), k_cache, v_cache, slots),
+        ("store_kv", (kv_store.store_kv_ref, kv_store.store_kv), (k, v, k_cache, v_cache, slots),
          4 * k.numel() * esize),
+        # q read and written, k and v read and written to the cache
+        ("rotary_and_store_kv", (rkv.rotary_and_store_kv_ref, rkv.rotary_and_store_kv),
+         (positions, q, k, v, cache, k_cache, v_cache, slots), 2 * (q.numel() + 2 * k.numel()) * esize),
     ]
     rows = []
     for op, (ref, tri), args, nbytes in cases:
@@ -227,6 +230,11 @@ def elementwise_rows(device, dtype, tokens, hidden, inter, with_triton, reps) ->
         if with_triton:
             rows.append(Row(op, label, "triton", time_ms(lambda: tri(*args), device, reps, graph=True),
                             nbytes / 1e9))
+    if with_triton:  # the fused op's peer: the two Triton kernels it replaces, one after the other
+        unfused = rkv.rotary_then_store(rotary.rotary_embedding, kv_store.store_kv)
+        args = cases[-1][2]
+        rows.append(Row("rotary_and_store_kv", label, "triton, the 2 unfused",
+                        time_ms(lambda: unfused(*args), device, reps, graph=True), cases[-1][3] / 1e9))
     return rows
 
 
@@ -294,6 +302,9 @@ def main() -> None:
     hidden, inter, tokens = (576, 1536, 1024) if device.type == "cpu" else (2048, 8192, 8192)
     if not args.decode_only:
         rows += elementwise_rows(device, dtype, tokens, hidden, inter, with_triton, reps)
+        if device.type == "cuda":  # decode steps' sizes, SmolLM2 shape: where launches, not bytes, count
+            for tokens in (1, 256):
+                rows += elementwise_rows(device, dtype, tokens, 576, 1536, with_triton, reps)
 
     print(f"device: {name}; dtype {args.dtype}; measured copy bandwidth {bandwidth:.1f} GB/s (best of {reps})")
     print(f"load average at the start / end: {load_start:.2f} / {os.getloadavg()[0]:.2f} (other processes skew CPU medians; "

@@ -39,6 +39,8 @@ class Ops:
     rotary_embedding: Callable
     silu_and_mul: Callable
     build_cos_sin_cache: Callable
+    # rotary_embedding on q and k, then store_kv of the rotated k and v, as one op (one kernel on Triton)
+    rotary_and_store_kv: Callable
 
 
 def triton_available() -> bool:
@@ -92,11 +94,12 @@ def _ops(backend: str) -> Ops:
         from kernels.prefill_attention import paged_prefill_attention
         from kernels.rms_norm import fused_add_rms_norm, rms_norm
         from kernels.rotary import rotary_embedding
+        from kernels.rotary_kv_store import rotary_and_store_kv
 
         return Ops(
             backend, store_kv, paged_decode_attention, paged_prefill_attention,
             rms_norm, fused_add_rms_norm, rotary_embedding, silu_and_mul,
-            build_cos_sin_cache,
+            build_cos_sin_cache, rotary_and_store_kv,
         )
     from kernels.activation import silu_and_mul_ref
     from kernels.kv_store import store_kv_ref
@@ -104,6 +107,7 @@ def _ops(backend: str) -> Ops:
     from kernels.prefill_attention import paged_prefill_attention_ref
     from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
     from kernels.rotary import rotary_embedding_ref
+    from kernels.rotary_kv_store import rotary_and_store_kv_ref, rotary_then_store
 
     if backend == "cpu":
         from kernels import fused_ops_cpu as fused
@@ -112,12 +116,12 @@ def _ops(backend: str) -> Ops:
         return Ops(
             backend, fused.store_kv_cpu, paged_decode_attention_cpu, paged_prefill_attention_ref,
             fused.rms_norm_cpu, fused.fused_add_rms_norm_cpu, fused.rotary_embedding_cpu, fused.silu_and_mul_cpu,
-            build_cos_sin_cache,
+            build_cos_sin_cache, rotary_then_store(fused.rotary_embedding_cpu, fused.store_kv_cpu),
         )
     return Ops(
         backend, store_kv_ref, paged_decode_attention_ref, paged_prefill_attention_ref,
         rms_norm_ref, fused_add_rms_norm_ref, rotary_embedding_ref, silu_and_mul_ref,
-        build_cos_sin_cache,
+        build_cos_sin_cache, rotary_and_store_kv_ref,
     )
 
 

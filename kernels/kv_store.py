@@ -56,6 +56,21 @@ def _store_kv_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+def check_store_inputs(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> torch.device:
+    """The Triton launchers' contract for writing key/value [T, Hkv, D] by slot; -> their device."""
+    check_kv_cache(k_cache, v_cache)
+    device = check_same_device(key, value, k_cache, v_cache, slot_mapping)
+    hkv, dim = k_cache.shape[2], k_cache.shape[3]
+    check(key.dim() == 3 and key.shape == value.shape, "key/value must both be [T, Hkv, D]")
+    check(tuple(key.shape[1:]) == (hkv, dim), f"key is {tuple(key.shape)}, cache wants [T, {hkv}, {dim}]")
+    check(slot_mapping.shape == (key.shape[0],), "slot_mapping must be [T]")
+    check(slot_mapping.dtype in (torch.int64, torch.int32), "slot_mapping must be int64 or int32")
+    check(key.stride(2) == 1 and value.stride(2) == 1, "key/value head_dim must be contiguous")
+    check(key.dtype == k_cache.dtype and value.dtype == v_cache.dtype, "key/value dtype must match the cache")
+    return device
+
+
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -64,15 +79,8 @@ def store_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Triton launcher; same contract as ``store_kv_ref``."""
-    check_kv_cache(k_cache, v_cache)
-    device = check_same_device(key, value, k_cache, v_cache, slot_mapping)
-    num_blocks, block_size, hkv, dim = k_cache.shape
-    check(key.dim() == 3 and key.shape == value.shape, "key/value must both be [T, Hkv, D]")
-    check(tuple(key.shape[1:]) == (hkv, dim), f"key is {tuple(key.shape)}, cache wants [T, {hkv}, {dim}]")
-    check(slot_mapping.shape == (key.shape[0],), "slot_mapping must be [T]")
-    check(slot_mapping.dtype in (torch.int64, torch.int32), "slot_mapping must be int64 or int32")
-    check(key.stride(2) == 1 and value.stride(2) == 1, "key/value head_dim must be contiguous")
-    check(key.dtype == k_cache.dtype and value.dtype == v_cache.dtype, "key/value dtype must match the cache")
+    device = check_store_inputs(key, value, k_cache, v_cache, slot_mapping)
+    _, block_size, hkv, dim = k_cache.shape
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return

@@ -73,6 +73,30 @@ def rotary_embedding_ref(
 
 
 @jit
+def load_cos_sin(cache_ptr, pos, stride_cache, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Position ``pos``'s cos and sin halves from the cache, each [1, BLOCK_HALF] (zero past HALF)."""
+    dims = tl.arange(0, BLOCK_HALF)
+    cos = tl.load(cache_ptr + pos * stride_cache + dims, mask=dims < HALF, other=0.0)[None, :]
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + dims, mask=dims < HALF, other=0.0)[None, :]
+    return cos, sin
+
+
+@jit
+def rotate_heads(src_ptr, dst_ptr, stride_src_h, stride_dst_h, cos, sin,
+                 NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Rotate one token's NUM_HEADS heads at ``src_ptr`` into ``dst_ptr`` (float32 math, rotate_half layout)."""
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    dims = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (heads < NUM_HEADS) & (dims < HALF)
+    src = src_ptr + heads * stride_src_h + dims
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    dst = dst_ptr + heads * stride_dst_h + dims
+    tl.store(dst, (x1 * cos - x2 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, (x2 * cos + x1 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@jit
 def _rotary_embedding_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr, q_out_ptr, k_out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh,
@@ -82,41 +106,19 @@ def _rotary_embedding_kernel(
 ):
     # One program per token: rotate every query and key head of that token.
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    dims = tl.arange(0, BLOCK_HALF)
-    dmask = dims < HALF
-    cos = tl.load(cache_ptr + pos * stride_cache + dims, mask=dmask, other=0.0)[None, :]
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + dims, mask=dmask, other=0.0)[None, :]
-
-    hq = tl.arange(0, BLOCK_HQ)[:, None]
-    qmask = (hq < NUM_Q_HEADS) & dmask[None, :]
-    src = q_ptr + t * stride_qt + hq * stride_qh + dims[None, :]
-    x1 = tl.load(src, mask=qmask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=qmask, other=0.0).to(tl.float32)
-    dst = q_out_ptr + t * stride_qot + hq * stride_qoh + dims[None, :]
-    tl.store(dst, (x1 * cos - x2 * sin).to(q_out_ptr.dtype.element_ty), mask=qmask)
-    tl.store(dst + HALF, (x2 * cos + x1 * sin).to(q_out_ptr.dtype.element_ty), mask=qmask)
-
-    hk = tl.arange(0, BLOCK_HK)[:, None]
-    kmask = (hk < NUM_KV_HEADS) & dmask[None, :]
-    src = k_ptr + t * stride_kt + hk * stride_kh + dims[None, :]
-    y1 = tl.load(src, mask=kmask, other=0.0).to(tl.float32)
-    y2 = tl.load(src + HALF, mask=kmask, other=0.0).to(tl.float32)
-    dst = k_out_ptr + t * stride_kot + hk * stride_koh + dims[None, :]
-    tl.store(dst, (y1 * cos - y2 * sin).to(k_out_ptr.dtype.element_ty), mask=kmask)
-    tl.store(dst + HALF, (y2 * cos + y1 * sin).to(k_out_ptr.dtype.element_ty), mask=kmask)
+    cos, sin = load_cos_sin(cache_ptr, tl.load(pos_ptr + t).to(tl.int64), stride_cache, HALF, BLOCK_HALF)
+    rotate_heads(q_ptr + t * stride_qt, q_out_ptr + t * stride_qot, stride_qh, stride_qoh, cos, sin,
+                  NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+    rotate_heads(k_ptr + t * stride_kt, k_out_ptr + t * stride_kot, stride_kh, stride_koh, cos, sin,
+                  NUM_KV_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
 
 
-def rotary_embedding(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton launcher; same contract as ``rotary_embedding_ref`` (returns new tensors)."""
+def check_rotary_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                        cos_sin_cache: torch.Tensor) -> torch.device:
+    """The Triton launchers' contract for rotating q [T, Hq, D] and k [T, Hkv, D]; -> their device."""
     device = check_same_device(positions, q, k, cos_sin_cache)
     check(q.dim() == 3 and k.dim() == 3, "q and k must be [T, H, D]")
-    num_tokens, hq, dim = q.shape
+    num_tokens, _, dim = q.shape
     check(k.shape[0] == num_tokens and k.shape[2] == dim, f"k {tuple(k.shape)} does not match q {tuple(q.shape)}")
     check(dim % 2 == 0, "head_dim must be even")
     check(positions.shape == (num_tokens,), "positions must be [T]")
@@ -126,6 +128,18 @@ def rotary_embedding(
     check(q.stride(2) == 1 and k.stride(2) == 1, "q/k head_dim must be contiguous")
     check_model_dtype("q", q)
     check(k.dtype == q.dtype, "q and k must share a dtype")
+    return device
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton launcher; same contract as ``rotary_embedding_ref`` (returns new tensors)."""
+    device = check_rotary_inputs(positions, q, k, cos_sin_cache)
+    num_tokens, hq, dim = q.shape
     q_out = torch.empty((num_tokens, hq, dim), dtype=q.dtype, device=device)
     k_out = torch.empty((num_tokens, k.shape[1], dim), dtype=k.dtype, device=device)
     if num_tokens:

@@ -1,7 +1,8 @@
 """The attention layer over the paged KV cache.
 
-It owns no weights: it writes this step's keys/values into the layer's cache
-blocks (by slot mapping) and attends over the cache, through the kernel set
+It owns no weights: it attends over the layer's cache blocks, which already
+hold this step's keys/values (the model writes them by slot mapping, fused with
+the rotary embedding: `Ops.rotary_and_store_kv`), through the kernel set
 `kernels.dispatch.get_ops(device)` only. Which kernel runs is decided by the
 metadata: a decode-only batch takes the single-query paged kernel, anything
 else (prefill, chunked prefill, prefix-cache hits) the variable-length prefill
@@ -28,11 +29,10 @@ class PagedAttention(nn.Module):
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
+    def forward(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                ops) -> torch.Tensor:
+        """q [T, Hq, D] (this step's keys/values already in ``kv_cache``) -> [T, Hq * D]."""
         k_cache, v_cache = kv_cache
-        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.decode_only:
             out = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale)
         else:

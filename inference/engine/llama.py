@@ -51,10 +51,12 @@ class LlamaAttention(nn.Module):
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops) -> torch.Tensor:
         tokens = hidden.shape[0]
         q, k, v = self.qkv_proj.forward(hidden).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q, k = ops.rotary_embedding(positions, q.view(tokens, self.num_heads, self.head_dim),
-                                    k.view(tokens, self.num_kv_heads, self.head_dim), cos_sin)
-        out = self.attn.forward(q, k, v.view(tokens, self.num_kv_heads, self.head_dim), kv_cache, meta, ops)
-        return self.o_proj.forward(out)
+        # rotated q back; rotated k and v into this layer's cache blocks (one kernel on the GPU)
+        q = ops.rotary_and_store_kv(positions, q.view(tokens, self.num_heads, self.head_dim),
+                                    k.view(tokens, self.num_kv_heads, self.head_dim),
+                                    v.view(tokens, self.num_kv_heads, self.head_dim), cos_sin, *kv_cache,
+                                    meta.slot_mapping)
+        return self.o_proj.forward(self.attn.forward(q, kv_cache, meta, ops))
 
 
 class LlamaMLP(nn.Module):

@@ -32,10 +32,9 @@ def test_split_mixed_step_equals_the_prefill_kernel_alone(backend, device, dtype
     case = make_paged_case(q_lens, seq_lens, *HEADS, DIM, 16, dtype, device, seed=21)
     ops = _ops(backend)
     layer = PagedAttention(*HEADS, DIM, case.scale)
-    kv = torch.zeros(case.q.shape[0], HEADS[1], DIM, dtype=dtype, device=device)
     cache = (case.k_cache, case.v_cache)
-    whole = layer(case.q, kv, kv, cache, case.attention_metadata(0), ops)
-    split = layer(case.q, kv, kv, cache, case.attention_metadata(4), ops)
+    whole = layer(case.q, cache, case.attention_metadata(0), ops)
+    split = layer(case.q, cache, case.attention_metadata(4), ops)
     tol = 3e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(split.float().cpu(), whole.float().cpu(), atol=tol, rtol=0)
     assert split.shape == (case.q.shape[0], HEADS[0] * DIM)
@@ -51,7 +50,6 @@ def test_split_takes_q_as_a_strided_view(backend, device):
     q = wide[:, : HEADS[0] * DIM].view(case.q.shape[0], HEADS[0], DIM)
     assert not q.is_contiguous()
     ops, layer = _ops(backend), PagedAttention(*HEADS, DIM, case.scale)
-    kv = torch.zeros(case.q.shape[0], HEADS[1], DIM, device=device)
     cache = (case.k_cache, case.v_cache)
-    torch.testing.assert_close(layer(q, kv, kv, cache, case.attention_metadata(2), ops),
-                               layer(case.q, kv, kv, cache, case.attention_metadata(0), ops), atol=3e-5, rtol=0)
+    torch.testing.assert_close(layer(q, cache, case.attention_metadata(2), ops),
+                               layer(case.q, cache, case.attention_metadata(0), ops), atol=3e-5, rtol=0)

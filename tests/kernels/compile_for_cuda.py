@@ -26,13 +26,13 @@ class _Recorder:
 
 
 def _record_launches(dtype: torch.dtype) -> list:
-    from kernels import activation, kv_store, rms_norm, rotary
+    from kernels import activation, kv_store, rms_norm, rotary, rotary_kv_store
     from kernels import paged_decode_attention as pda
     from kernels import prefill_attention as pfa
     from tests.kernels.paged_cases import make_paged_case
 
     calls: list = []
-    modules = (activation, kv_store, pda, pfa, rms_norm, rotary)
+    modules = (activation, kv_store, pda, pfa, rms_norm, rotary, rotary_kv_store)
     saved = [m.kernel_for for m in modules]
     for m in modules:
         m.kernel_for = lambda kernel, device: _Recorder(kernel, calls)
@@ -52,6 +52,8 @@ def _record_launches(dtype: torch.dtype) -> list:
         q, k, v = qkv[:, :576].view(3, 9, 64), qkv[:, 576:768].view(3, 3, 64), qkv[:, 768:].view(3, 3, 64)
         rotary.rotary_embedding(torch.arange(3), q, k, rotary.build_cos_sin_cache(64, 16, 1e4))
         kv_store.store_kv(k, v, case.k_cache, case.v_cache, torch.arange(3))
+        rotary_kv_store.rotary_and_store_kv(torch.arange(3), q, k, v, rotary.build_cos_sin_cache(64, 16, 1e4),
+                                            case.k_cache, case.v_cache, torch.arange(3))
     finally:
         for m, fn in zip(modules, saved):
             m.kernel_for = fn

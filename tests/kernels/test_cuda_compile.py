@@ -14,7 +14,8 @@ from kernels._triton import HAS_TRITON
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ["_paged_decode_attention_kernel", "_paged_decode_merge_kernel", "_paged_prefill_attention_kernel",
-           "_rms_norm_kernel", "_silu_and_mul_kernel", "_rotary_embedding_kernel", "_store_kv_kernel"]
+           "_rms_norm_kernel", "_silu_and_mul_kernel", "_rotary_embedding_kernel", "_store_kv_kernel",
+           "_rotary_and_store_kv_kernel"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")

@@ -9,7 +9,9 @@ from kernels import fused_ops_cpu as fused
 from kernels.activation import silu_and_mul_ref
 from kernels.kv_store import store_kv_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from kernels.dispatch import _ops
 from kernels.rotary import build_cos_sin_cache, rotary_embedding_ref
+from kernels.rotary_kv_store import rotary_and_store_kv_ref
 
 pytestmark = pytest.mark.skipif(fused.library() is None, reason="no C compiler: the native CPU ops cannot be built")
 
@@ -117,6 +119,25 @@ def test_store_kv_matches_reference_and_skips_padding(dtype):
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
     with pytest.raises(IndexError):
         fused.store_kv_cpu(key, value, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 4, 5, 24]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_and_store_kv_is_the_reference_bit_for_bit(dtype):
+    """The native set's fused op is its rotary then its K/V store: the CPU path's outputs are unchanged."""
+    g = torch.Generator().manual_seed(1)
+    tokens, hq, hkv, dim = 7, 9, 3, 64
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * dim, generator=g).to(dtype)
+    q, k, v = qkv.split((hq * dim, hkv * dim, hkv * dim), dim=-1)
+    q, k, v = q.view(tokens, hq, dim), k.view(tokens, hkv, dim), v.view(tokens, hkv, dim)
+    cache = build_cos_sin_cache(dim, 4096, 10000.0)
+    positions = torch.randint(0, 4096, (tokens,), generator=g)
+    slots = torch.tensor([5, 0, -1, 23, 9, -1, 12])
+    caches = [torch.zeros(6, 4, hkv, dim, dtype=dtype) for _ in range(4)]
+    ours = _ops("cpu").rotary_and_store_kv(positions, q, k, v, cache, caches[0], caches[1], slots)
+    ref = rotary_and_store_kv_ref(positions, q, k, v, cache, caches[2], caches[3], slots)
+    assert torch.equal(ours, ref)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert caches[0].any() and caches[1].any()
 
 
 def test_unsupported_inputs_fall_back_to_the_reference():

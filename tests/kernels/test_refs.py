@@ -13,6 +13,7 @@ from kernels.paged_decode_attention import paged_decode_attention_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rotary import build_cos_sin_cache, rotary_embedding_ref
+from kernels.rotary_kv_store import rotary_and_store_kv_ref
 from tests.kernels.paged_cases import make_paged_case, naive_attention
 
 ATTN_TOL = {torch.float32: 2e-5, torch.bfloat16: 2.5e-2}
@@ -137,6 +138,32 @@ def test_rotary_matches_complex_rotation_and_hf_layout():
     assert torch.allclose(q_out[0], q[0])
 
 
+def test_rotary_and_store_kv_rotates_q_and_caches_rotated_k_and_v():
+    head_dim, theta, bs = 16, 10000.0, 4
+    cache = build_cos_sin_cache(head_dim, 64, theta, "cpu")
+    positions = torch.tensor([0, 3, 17, 63, 5])
+    q, k, v = torch.randn(5, 6, head_dim), torch.randn(5, 2, head_dim), torch.randn(5, 2, head_dim)
+    k_cache = torch.zeros(4, bs, 2, head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.tensor([9, -1, 0, 15, 6])
+    q_out = rotary_and_store_kv_ref(positions, q, k, v, cache, k_cache, v_cache, slots)
+    half = head_dim // 2
+    ang = positions.double()[:, None] / theta ** (torch.arange(0, head_dim, 2).double() / head_dim)[None]
+
+    def rotated(x):
+        z = torch.complex(x[..., :half].double(), x[..., half:].double()) * torch.polar(torch.ones_like(ang), ang)[:, None]
+        return torch.cat((z.real, z.imag), dim=-1)
+
+    _close(q_out, rotated(q), 1e-5)
+    k_rot = rotated(k)
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            _close(k_cache[slot // bs, slot % bs], k_rot[t], 1e-5)
+            assert torch.equal(v_cache[slot // bs, slot % bs], v[t])
+    written = k_cache.flatten(0, 1).abs().sum((1, 2)) != 0
+    assert written.tolist() == [i in (9, 0, 15, 6) for i in range(16)]  # the padding token wrote nothing
+
+
 def test_rotary_bfloat16_close_to_float32():
     cache = build_cos_sin_cache(64, 4096, 100000.0, "cpu")
     positions = torch.randint(0, 4096, (11,))
@@ -164,6 +191,7 @@ def test_dispatch_picks_refs_on_cpu(monkeypatch):
     assert ops.backend == "ref"
     assert ops.paged_decode_attention is paged_decode_attention_ref
     assert ops.store_kv is store_kv_ref
+    assert ops.rotary_and_store_kv is rotary_and_store_kv_ref
     assert select_backend("cuda") == "ref"
     monkeypatch.setenv("KERNELS_BACKEND", "bogus")
     with pytest.raises(ValueError):

@@ -16,6 +16,7 @@ from kernels.paged_decode_attention import paged_decode_attention, paged_decode_
 from kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
 from kernels.rotary import build_cos_sin_cache, rotary_embedding, rotary_embedding_ref
+from kernels.rotary_kv_store import rotary_and_store_kv, rotary_and_store_kv_ref
 from tests.kernels.paged_cases import make_paged_case
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -27,6 +28,14 @@ HEADS = [(4, 4), (6, 2), (8, 2), (9, 3), (32, 8)]
 def assert_close(actual, expected, atol, rtol=0.0):
     assert actual.shape == expected.shape and actual.dtype == expected.dtype
     torch.testing.assert_close(actual.float().cpu(), expected.float().cpu(), atol=atol, rtol=rtol)
+
+
+def fused_qkv(num_tokens, hq, hkv, dim, dtype, device, gen):
+    """A random fused QKV projection output and q [T, Hq, D], k and v [T, Hkv, D] as its column slices,
+    as the model passes them (strided rows) -> (qkv, q, k, v)."""
+    qkv = torch.randn(num_tokens, (hq + 2 * hkv) * dim, generator=gen).to(dtype).to(device)
+    q, k, v = qkv.split((hq * dim, hkv * dim, hkv * dim), dim=-1)
+    return qkv, q.view(num_tokens, hq, dim), k.view(num_tokens, hkv, dim), v.view(num_tokens, hkv, dim)
 
 
 def _decode_lens(device, gen):
@@ -144,13 +153,39 @@ def test_rotary_embedding(device, dtype, tol):
     gen = torch.Generator().manual_seed(5)
     cache = build_cos_sin_cache(dim, 4096, 500000.0, device)
     positions = torch.randint(0, 4096, (num_tokens,), generator=gen).to(device)
-    qkv = torch.randn(num_tokens, (hq + 2 * hkv) * dim, generator=gen).to(dtype).to(device)
-    q = qkv[:, : hq * dim].view(num_tokens, hq, dim)
-    k = qkv[:, hq * dim : (hq + hkv) * dim].view(num_tokens, hkv, dim)
+    _, q, k, _ = fused_qkv(num_tokens, hq, hkv, dim, dtype, device, gen)
     q_out, k_out = rotary_embedding(positions, q, k, cache)
     q_ref, k_ref = rotary_embedding_ref(positions, q, k, cache)
     assert_close(q_out, q_ref, tol, tol)
     assert_close(k_out, k_ref, tol, tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])
+@pytest.mark.parametrize("heads", [(9, 3), (4, 1), (32, 8)])
+def test_rotary_and_store_kv(device, dtype, tol, heads):
+    hq, hkv = heads
+    dim = 24 if device == "cpu" else 64  # 24: half of it (12) is not a power of two
+    blocks, bs, num_tokens = (6, 16, 11) if device == "cpu" else (2048, 16, 3001)
+    gen = torch.Generator().manual_seed(7)
+    cache = build_cos_sin_cache(dim, 4096, 500000.0, device)
+    positions = torch.randint(0, 4096, (num_tokens,), generator=gen).to(device)
+    qkv, q, k, v = fused_qkv(num_tokens, hq, hkv, dim, dtype, device, gen)
+    slots = torch.randperm(blocks * bs, generator=gen)[:num_tokens]
+    slots[1::5] = -1  # padding tokens: rotated q, nothing in the cache
+    slots = slots.to(device)
+    caches = [torch.randn(blocks, bs, hkv, dim, generator=gen).to(dtype).to(device) for _ in range(2)]
+    expected = [c.clone() for c in caches]
+    before = qkv.clone()
+    q_out = rotary_and_store_kv(positions, q, k, v, cache, caches[0], caches[1], slots)
+    q_ref = rotary_and_store_kv_ref(positions, q, k, v, cache, expected[0], expected[1], slots)
+    assert torch.equal(qkv, before)  # inputs untouched
+    assert_close(q_out, q_ref, tol, tol)
+    assert_close(caches[0], expected[0], tol, tol)
+    assert torch.equal(caches[1], expected[1])  # values are copied, not computed
+    untouched = torch.ones(blocks * bs, dtype=torch.bool)
+    untouched[slots[slots >= 0].cpu()] = False
+    assert torch.equal(caches[0].view(blocks * bs, -1)[untouched.to(device)],
+                       expected[0].view(blocks * bs, -1)[untouched.to(device)])
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])
@@ -175,6 +210,14 @@ def test_launchers_reject_bad_inputs(device):
                  torch.zeros(2, dtype=torch.int64, device=device))
     with pytest.raises(ValueError):
         rms_norm(case.q, torch.ones(16, device=device), 1e-5)
+    k = case.q[:, :2].contiguous()
+    cos_sin = build_cos_sin_cache(16, 64, 1e4, device)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        rotary_and_store_kv(torch.zeros(2, dtype=torch.int64, device=device), case.q, k, k, cos_sin,
+                            case.k_cache, case.v_cache, torch.zeros(3, dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match="positions"):
+        rotary_and_store_kv(torch.zeros(3, dtype=torch.int64, device=device), case.q, k, k, cos_sin,
+                            case.k_cache, case.v_cache, torch.zeros(2, dtype=torch.int64, device=device))
 
 
 def test_dispatch_forced_triton(device, monkeypatch):
@@ -184,5 +227,6 @@ def test_dispatch_forced_triton(device, monkeypatch):
     assert ops.paged_decode_attention is paged_decode_attention
     assert ops.paged_prefill_attention is paged_prefill_attention
     assert ops.store_kv is store_kv and ops.silu_and_mul is silu_and_mul
+    assert ops.rotary_and_store_kv is rotary_and_store_kv
     monkeypatch.delenv("KERNELS_BACKEND")
     assert get_ops(device).backend in (("triton",) if device == "cuda" else ("cpu", "ref"))
