@@ -15,7 +15,8 @@
 #   peers    gpu_engine.py on the SmolLM2 shape as the engine defaults (deferred outputs, no async
 #            scheduling), then with --async-scheduling --no-split-mixed (each the peer of one change; the
 #            engine part's SmolLM2 rows are the other side)
-#   kernels  kernels.py --device cuda --json (mixed-step attention rows included)
+#   kernels  kernels.py --device cuda --json (mixed-step attention rows, and the fused rotary + K/V store
+#            against the two kernels it replaces at decode sizes, included)
 #   profile  gpu_profile.py: torch.profiler tables of a prefill, a mixed and a decode step
 # Each part's log ends with its exit status; a part that fails does not stop the next.
 set -u
