@@ -101,6 +101,7 @@ class Tokenizer:
         self.eos_token = backend.id_to_token(eos_token_id)
         self._byte_level = byte_level
         self._token_bytes: list[bytes] | None = None
+        self._token_texts: list[str | None] | None = None
 
     # -- text <-> ids ---------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -139,6 +140,19 @@ class Tokenizer:
         if self._token_bytes is None:
             self._token_bytes = self._build_token_bytes()
         return self._token_bytes
+
+    def token_text_table(self) -> list[str | None]:
+        """Each id's bytes as text when they are whole UTF-8 characters on their own, else None (a piece of
+        a character, or invalid bytes), indexed by id (built once, on first use)."""
+        if self._token_texts is None:
+            texts: list[str | None] = []
+            for piece in self.token_bytes_table():
+                try:
+                    texts.append(piece.decode("utf-8"))
+                except UnicodeDecodeError:
+                    texts.append(None)
+            self._token_texts = texts
+        return self._token_texts
 
     @cached_property
     def skipped_special_ids(self) -> frozenset[int]:
