@@ -108,9 +108,9 @@ def _rotary_embedding_kernel(
     t = tl.program_id(0).to(tl.int64)
     cos, sin = load_cos_sin(cache_ptr, tl.load(pos_ptr + t).to(tl.int64), stride_cache, HALF, BLOCK_HALF)
     rotate_heads(q_ptr + t * stride_qt, q_out_ptr + t * stride_qot, stride_qh, stride_qoh, cos, sin,
-                  NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+                 NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
     rotate_heads(k_ptr + t * stride_kt, k_out_ptr + t * stride_kot, stride_kh, stride_koh, cos, sin,
-                  NUM_KV_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+                 NUM_KV_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
 
 
 def check_rotary_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
