@@ -2,14 +2,19 @@
 
 Blocks are handed out in a shuffled order, so a sequence's blocks are never
 contiguous and block tables really matter. `step` builds AttentionMetadata
-exactly as the contract describes and runs one forward pass.
+exactly as the contract describes and runs one forward pass; `Batches` does the
+same bookkeeping on any device with random tokens, and `first_layers` cuts a
+model down to its first layers, for tests that compare two ways of running it.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import random
 
 import torch
+from torch import nn
 
 from inference.engine.attention_metadata import AttentionMetadata
 from inference.engine.kv_cache import allocate_kv_caches
@@ -77,3 +82,42 @@ def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:
     """transformers' logits for every position of one sequence, float32 [T, V]."""
     with torch.inference_mode():
         return hf_model(torch.tensor([token_ids])).logits[0].float()
+
+
+BLOCK_SIZE = 16  # Batches' blocks
+
+
+class Batches:
+    """Hand-built paged sequences on one device: block tables from a shuffled free list, and
+    AttentionMetadata built the way ModelRunner.prepare builds it (table width = the batch's widest)."""
+
+    def __init__(self, config, *, num_blocks: int, dtype: torch.dtype, device: str, seed: int = 0) -> None:
+        self.device = torch.device(device)
+        self.caches = allocate_kv_caches(config, num_blocks, BLOCK_SIZE, dtype, self.device)
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+        self.free.remove(0)
+        self.free.append(0)  # block 0 (what padding rows read) goes to the first sequence: a stray write would show
+        self.tables: list[list[int]] = []
+        self.lens: list[int] = []
+        self.vocab = config.vocab_size
+        self.rng = random.Random(seed + 1)
+
+    def new_sequences(self, count: int) -> list[int]:
+        self.tables.extend([] for _ in range(count))
+        self.lens.extend(0 for _ in range(count))
+        return list(range(len(self.lens) - count, len(self.lens)))
+
+    def build(self, chunks: list[tuple[int, int]]):
+        """chunks: (sequence index, new token count) -> (ids, positions, meta, live slots)."""
+        with_tokens = [(seq, [self.rng.randrange(1, self.vocab) for _ in range(n)]) for seq, n in chunks]
+        return step_inputs(self.tables, self.lens, self.free, BLOCK_SIZE, with_tokens, self.device)
+
+
+def first_layers(loaded, count: int):
+    """A view of the model with only its first `count` layers (weights shared, the original untouched)."""
+    small = copy.copy(loaded.model)
+    small._modules = dict(loaded.model._modules)
+    small._modules["layers"] = nn.ModuleList(list(loaded.model.layers[:count]))
+    small._cos_sin = {}
+    return small, dataclasses.replace(loaded.config, num_layers=count)

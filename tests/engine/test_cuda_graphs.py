@@ -9,50 +9,17 @@ device the same checks run with graphs captured and replayed.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import random
 
 import pytest
 import torch
-from torch import nn
 
 from inference.engine.attention_metadata import AttentionMetadata
 from inference.engine.cuda_graphs import DecodeGraphRunner, ladder_sizes
-from inference.engine.kv_cache import allocate_kv_caches
 
-from tests.engine.paged_inputs import step_inputs
+from tests.engine.paged_inputs import Batches, first_layers
 
 pytestmark = pytest.mark.slow
-
-BLOCK_SIZE = 16
-
-
-class Batches:
-    """Hand-built paged sequences on one device: block tables from a shuffled free list, and
-    AttentionMetadata built the way ModelRunner.prepare builds it (table width = the batch's widest)."""
-
-    def __init__(self, config, *, num_blocks: int, dtype: torch.dtype, device: str, seed: int = 0) -> None:
-        self.device = torch.device(device)
-        self.caches = allocate_kv_caches(config, num_blocks, BLOCK_SIZE, dtype, self.device)
-        self.free = list(range(num_blocks))
-        random.Random(seed).shuffle(self.free)
-        self.free.remove(0)
-        self.free.append(0)  # block 0 (what padding rows read) goes to the first sequence: a stray write would show
-        self.tables: list[list[int]] = []
-        self.lens: list[int] = []
-        self.vocab = config.vocab_size
-        self.rng = random.Random(seed + 1)
-
-    def new_sequences(self, count: int) -> list[int]:
-        self.tables.extend([] for _ in range(count))
-        self.lens.extend(0 for _ in range(count))
-        return list(range(len(self.lens) - count, len(self.lens)))
-
-    def build(self, chunks: list[tuple[int, int]]):
-        """chunks: (sequence index, new token count) -> (ids, positions, meta, live slots)."""
-        with_tokens = [(seq, [self.rng.randrange(1, self.vocab) for _ in range(n)]) for seq, n in chunks]
-        return step_inputs(self.tables, self.lens, self.free, BLOCK_SIZE, with_tokens, self.device)
 
 
 def clone_caches(caches):
@@ -160,15 +127,6 @@ def test_cpu_runner_declines_what_it_cannot_run(cpu_setup):
     assert runner.run(tokens(0), tokens(0), decode_meta(0, 1)) is None  # empty batch
     out = runner.run(tokens(16), tokens(16), decode_meta(16, 2))  # the top rung itself is taken
     assert out is not None and out.shape == (16, model.config.hidden_size)
-
-
-def first_layers(loaded, count: int):
-    """A view of the model with only its first `count` layers (weights shared, the original untouched)."""
-    small = copy.copy(loaded.model)
-    small._modules = dict(loaded.model._modules)
-    small._modules["layers"] = nn.ModuleList(list(loaded.model.layers[:count]))
-    small._cos_sin = {}
-    return small, dataclasses.replace(loaded.config, num_layers=count)
 
 
 def test_runner_through_triton_launchers_on_cpu(smollm_fp32, monkeypatch):

@@ -13,7 +13,7 @@ import torch
 
 from kernels._triton import interpreter_active
 from kernels.dispatch import native_cpu_available
-from tests.engine.test_cuda_graphs import Batches, first_layers
+from tests.engine.paged_inputs import Batches, first_layers
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ import torch
 
 from kernels import fused_ops_cpu as fused
 from kernels.activation import silu_and_mul_ref
+from kernels.dispatch import _ops
 from kernels.kv_store import store_kv_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.dispatch import _ops
 from kernels.rotary import build_cos_sin_cache, rotary_embedding_ref
 from kernels.rotary_kv_store import rotary_and_store_kv_ref
 
