@@ -363,8 +363,12 @@ def main() -> None:
     SPLIT_MIXED = not args.no_split_mixed
     if args.sync_output:
         ASYNC_OUTPUT = False
-    if args.sync_output and args.async_scheduling:
-        parser.error("--sync-output and --async-scheduling contradict each other")
+    from inference.engine.config import check_step_order
+
+    try:
+        check_step_order(ASYNC_OUTPUT, args.async_scheduling)
+    except ValueError as exc:
+        parser.error(str(exc))
     ASYNC_SCHEDULING = args.async_scheduling
     device = torch.device(args.device)
     if device.type == "cuda":

@@ -7,6 +7,14 @@ from dataclasses import dataclass
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
+def check_step_order(async_output: bool | None, async_scheduling: bool) -> None:
+    """Async scheduling builds a step's outputs while the next step runs: it cannot have synchronous
+    outputs (async_output=False). A ValueError when both are asked for."""
+    if async_scheduling and async_output is False:
+        raise ValueError("async_scheduling (--async-scheduling) and async_output=False (--sync-output) "
+                         "contradict each other: async scheduling defers outputs")
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str = "smollm2-135m-instruct"
@@ -64,6 +72,7 @@ class EngineConfig:
             raise ValueError("priority_aging_s must be positive or None")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("num_threads must be positive")
+        check_step_order(self.async_output, self.async_scheduling)
 
     @property
     def torch_dtype(self):

@@ -34,3 +34,9 @@ def test_sync_output_with_async_scheduling_is_refused():
 
 def test_engine_config_defaults_to_synchronous_scheduling():
     assert EngineConfig().async_scheduling is False
+
+
+def test_engine_config_refuses_async_scheduling_with_synchronous_outputs():
+    with pytest.raises(ValueError, match="contradict"):
+        EngineConfig(async_output=False, async_scheduling=True)
+    assert EngineConfig(async_output=True, async_scheduling=True).async_scheduling

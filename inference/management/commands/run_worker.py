@@ -16,6 +16,7 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from inference.engine.config import check_step_order
 from inference.queue import get_job_queue
 from inference.worker.engine_factory import engine_build
 from inference.worker.events import EventSink
@@ -27,10 +28,14 @@ DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 def step_order(*, sync_output: bool, async_scheduling: bool) -> dict:
-    """EngineConfig's async_output / async_scheduling for the two flags (None: the engine's default)."""
-    if sync_output and async_scheduling:
-        raise CommandError("--sync-output and --async-scheduling contradict each other: pick one")
-    return {"async_output": False if sync_output else None, "async_scheduling": async_scheduling}
+    """EngineConfig's async_output / async_scheduling for the two flags (None: the engine's default);
+    a CommandError, before any model loads, for a pair EngineConfig would refuse."""
+    order = {"async_output": False if sync_output else None, "async_scheduling": async_scheduling}
+    try:
+        check_step_order(**order)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    return order
 
 
 class Command(BaseCommand):
