@@ -36,6 +36,8 @@ def test_every_kernel_set_gives_the_native_cpu_forward(smollm_fp32, monkeypatch)
     model, config = first_layers(smollm_fp32, 2)
     base = "cpu" if native_cpu_available() else "ref"
     backends = ["ref"] * (base != "ref") + ["triton"] * interpreter_active()
+    if not backends:
+        pytest.skip("only the reference kernel set runs here (no C compiler, no TRITON_INTERPRET): nothing to compare")
     expected, expected_caches = run_steps(model, config, base, monkeypatch)
     for backend in backends:
         hidden, caches = run_steps(model, config, backend, monkeypatch)
