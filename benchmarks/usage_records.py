@@ -44,10 +44,11 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from tenants.models import Tier, UsageRecord
+    from billing.models import UsageRecord
+    from tenants.models import Tier
     from tenants.services.api_keys import api_key_create
     from tenants.services.tenants import tenant_create
-    from tenants.services.usage import usage_record_create, usage_records_insert
+    from billing.services.usage import usage_record_create, usage_records_insert
 
     tier = Tier.objects.order_by("pk").first() or Tier.objects.create(name=f"bench-{uuid.uuid4().hex[:6]}")
     tenant = tenant_create(slug=f"bench-usage-{uuid.uuid4().hex[:8]}", name="usage records benchmark", tier=tier)

@@ -60,7 +60,7 @@ def usage_records_safe(records: list[dict[str, Any]]) -> bool:
     Retries a few times on OperationalError (SQLite "database is locked",
     a dropped PostgreSQL connection), reconnecting in between.
     """
-    from tenants.services.usage import usage_records_insert
+    from billing.services.usage import usage_records_insert
 
     if not records:
         return True

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tenants.models import UsageRecord
-from tenants.services.usage import usage_record_create, usage_records_insert
+from billing.models import UsageRecord
+from billing.services.usage import usage_record_create, usage_records_insert
 
 
 def _fields(tenant, **overrides):
@@ -141,7 +141,7 @@ def test_a_batch_costs_the_same_queries_whatever_its_size(tenant_factory, api_ke
 
 @pytest.mark.django_db(transaction=True)
 def test_a_key_deleted_after_the_check_still_gets_its_records_written(tenant_factory, api_key_factory, monkeypatch):
-    from tenants.services import usage
+    from billing.services import usage
 
     tenant = tenant_factory()
     gone = api_key_factory(tenant=tenant).api_key

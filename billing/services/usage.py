@@ -17,7 +17,8 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
-from tenants.models import ApiKey, UsageRecord
+from billing.models import UsageRecord
+from tenants.models import ApiKey
 
 logger = logging.getLogger(__name__)
 
