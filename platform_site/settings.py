@@ -148,6 +148,13 @@ CELERY_BEAT_SCHEDULE = {
     "reap-dead-workers": {"task": "inference.tasks.reap_dead_workers", "schedule": 5.0, "options": {"expires": 5.0}},
 }
 
+# ---------------------------------------------------------------- billing
+# Seconds a process keeps its snapshot of prices and tier multipliers; a new
+# price version starts no sooner than this after it is added (billing.services.price_cache).
+PRICE_CACHE_TTL_S = float(os.environ.get("PRICE_CACHE_TTL_S", "10"))
+# Hours after a period ends before its invoices are finalized (late usage records still land in them).
+INVOICE_GRACE_HOURS = float(os.environ.get("INVOICE_GRACE_HOURS", "1"))
+
 # ---------------------------------------------------------------- auth / i18n / static
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -1,5 +1,7 @@
 """Billing's models, one module per concern."""
 
+from billing.models.adjustments import Adjustment
+from billing.models.prices import Price
 from billing.models.usage import UsageRecord
 
-__all__ = ["UsageRecord"]
+__all__ = ["Adjustment", "Price", "UsageRecord"]

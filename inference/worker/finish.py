@@ -128,6 +128,7 @@ def job_ending(
         "ttft_s": ttft_s,
         "duration_s": e2e_s,
         "worker_id": worker_id,
+        "admitted_at": job.enqueued_at,  # picks the price version (billing)
     }
     timing = {"queued_s": queued_s, "ttft_s": ttft_s, "e2e_s": e2e_s, **(extra_timing or {})}
     event = done_event(
