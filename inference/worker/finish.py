@@ -136,7 +136,25 @@ def job_ending(
         cached_tokens=cached_tokens, completion_tokens=completion_tokens, timing=timing, error=error,
         stop_reason=stop_reason, error_param=error_param,
     )
+    cost = _cost(record)
+    if cost is not None:
+        event["usage"]["cost"] = cost
     return record, event
+
+
+def _cost(record: dict[str, Any]) -> dict[str, str] | None:
+    """The client's `usage.cost`, by the rule that costs the record; None (no cost shown) if pricing fails."""
+    from billing.services.costs import usage_cost_usd
+
+    try:
+        return usage_cost_usd(
+            model=record["model"], tier=record["tier"], admitted_at=record["admitted_at"],
+            prompt_tokens=record["prompt_tokens"], cached_tokens=record["cached_tokens"],
+            completion_tokens=record["completion_tokens"], finish_reason=record["finish_reason"],
+        )
+    except Exception:  # noqa: BLE001 - a done event is never lost to pricing
+        logger.exception("pricing %s failed", record["request_id"])
+        return None
 
 
 def job_finish(*, job: Job, sink: EventSink, **ending: Any) -> None:
