@@ -3,10 +3,20 @@
 Money is integer micro-dollars (1 USD = 1_000_000) everywhere; never floats.
 """
 
+import zoneinfo
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
+
+
+def validate_timezone(name: str) -> None:
+    """An IANA time zone name that this system's tz database knows ("UTC", "America/Los_Angeles")."""
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+        raise ValidationError(f"{name!r} is not an IANA time zone name (e.g. UTC, Europe/Paris)") from exc
 
 
 class Tier(models.Model):
@@ -54,6 +64,10 @@ class Tenant(models.Model):
     # Tenants in the same non-empty group may share prefix-cache blocks (operator decision).
     cache_share_group = models.CharField(max_length=60, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
+    # Billing periods (invoices, budgets, quotas, dashboard days) start at local midnight here.
+    # (Declared last: the name shadows django.utils.timezone inside this class body.)
+    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone],
+                                help_text="IANA time zone name, e.g. America/Los_Angeles")
 
     class Meta:
         ordering = ["name"]
@@ -64,6 +78,10 @@ class Tenant(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status == self.Status.ACTIVE
+
+    @property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.timezone)
 
     @property
     def cache_salt(self) -> str:
