@@ -146,6 +146,9 @@ WORKER_HEARTBEAT_TIMEOUT_S = float(os.environ.get("WORKER_HEARTBEAT_TIMEOUT_S", 
 SSE_KEEPALIVE_S = float(os.environ.get("SSE_KEEPALIVE_S", "15"))
 CELERY_BEAT_SCHEDULE = {
     "reap-dead-workers": {"task": "inference.tasks.reap_dead_workers", "schedule": 5.0, "options": {"expires": 5.0}},
+    # idempotent: a missed or doubled run changes nothing the next one would not
+    "rollup-hourly-usage": {"task": "billing.tasks.rollup_hourly_usage", "schedule": 300.0,
+                            "options": {"expires": 300.0}},
 }
 
 # ---------------------------------------------------------------- billing

@@ -2,6 +2,7 @@
 
 from billing.models.adjustments import Adjustment
 from billing.models.prices import Price
+from billing.models.rollups import FillState, HourlyUsage
 from billing.models.usage import UsageRecord
 
-__all__ = ["Adjustment", "Price", "UsageRecord"]
+__all__ = ["Adjustment", "FillState", "HourlyUsage", "Price", "UsageRecord"]
