@@ -1,4 +1,5 @@
-"""Operator admin for billing: prices (add-only, history), adjustments (add-only), the usage ledger (read-only)."""
+"""Operator admin for billing: prices (add-only, history), adjustments (add-only), the usage ledger and
+invoices (read-only)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from decimal import Decimal
 
 from django import forms
 from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
 
-from billing.models import Adjustment, Price, UsageRecord
+from billing.models import Adjustment, Invoice, InvoiceLine, Price, UsageRecord
 from billing.money import usd_str
 from billing.services.adjustments import adjustment_create
 from billing.services.prices import price_create, price_start_check
@@ -113,6 +116,42 @@ class UsageRecordAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class InvoiceLineInline(admin.TabularInline):
+    model = InvoiceLine
+    fields = ("position", "kind", "model", "price", "price_multiplier", "quantity", "unit_price_per_million",
+              "exact_usd", "amount_cents")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(admin.ModelAdmin):
+    """Invoices are written by `invoices_close` (and its beat task), never by hand."""
+
+    list_display = ("number", "tenant", "kind", "period", "status", "total", "finalized_at", "printable")
+    list_filter = ("status", "kind", "period")
+    search_fields = ("number", "tenant__slug")
+    inlines = [InvoiceLineInline]
+
+    @admin.display(description="Print / CSV")
+    def printable(self, obj):
+        return format_html('<a href="{}">HTML</a> · <a href="{}">CSV</a>',
+                           reverse("invoice-html", args=[obj.pk]), reverse("invoice-csv", args=[obj.pk]))
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request):
         return False
 
     def has_delete_permission(self, request, obj=None):

@@ -12,3 +12,12 @@ def rollup_hourly_usage() -> dict:
 
     result = hourly_usage_fill()
     return {"end": result.end.isoformat(), "late_hours": result.late_hours, "rows": result.rows}
+
+
+@shared_task(name="billing.tasks.close_invoices", ignore_result=True)
+def close_invoices() -> dict:
+    """Refresh this month's drafts; finalize last month's after the grace period; credit-note late changes."""
+    from billing.services.invoices import invoices_close
+
+    result = invoices_close()
+    return {"drafts": len(result.drafts), "finalized": len(result.finalized), "credit_notes": len(result.credit_notes)}

@@ -149,6 +149,7 @@ CELERY_BEAT_SCHEDULE = {
     # idempotent: a missed or doubled run changes nothing the next one would not
     "rollup-hourly-usage": {"task": "billing.tasks.rollup_hourly_usage", "schedule": 300.0,
                             "options": {"expires": 300.0}},
+    "close-invoices": {"task": "billing.tasks.close_invoices", "schedule": 900.0, "options": {"expires": 900.0}},
 }
 
 # ---------------------------------------------------------------- billing
