@@ -80,7 +80,7 @@ class Sampler:
         self._process(logits, seqs)
         greedy = [s.sampling.greedy for s in seqs]
         if all(greedy):
-            tokens = logits.max(dim=-1).indices  # first maximum, like argmax, but ~3x faster on CPU
+            tokens = logits.max(dim=-1).indices  # first maximum, like argmax, and cheaper than it on the CPU
         elif not any(greedy):
             tokens = self._sample(logits, seqs)
         else:
