@@ -81,6 +81,17 @@ def _refill(start: datetime, end: datetime) -> int:
     return total
 
 
+def _runs(hours: list[datetime]) -> list[tuple[datetime, datetime]]:
+    """Sorted hours as [start, end) ranges of consecutive hours (one refill per range)."""
+    runs: list[tuple[datetime, datetime]] = []
+    for hour in hours:
+        if runs and runs[-1][1] == hour:
+            runs[-1] = (runs[-1][0], hour + HOUR)
+        else:
+            runs.append((hour, hour + HOUR))
+    return runs
+
+
 @transaction.atomic
 def hourly_usage_fill(*, now: datetime | None = None) -> FillResult:
     """Fill every complete hour up to `now` (default: the clock), refilling late ones."""
@@ -99,7 +110,7 @@ def hourly_usage_fill(*, now: datetime | None = None) -> FillResult:
             for created in UsageRecord.objects.filter(id__gt=state.last_record_id, created_at__lt=start)
             .values_list("created_at", flat=True)
         }
-    rows = sum(_refill(hour, hour + HOUR) for hour in sorted(late))
+    rows = sum(_refill(first, end) for first, end in _runs(sorted(late)))
     if start < target:
         rows += _refill(start, target)
     state.end = max(state.end, target)
