@@ -36,6 +36,7 @@ worker: install
 	$(PY) manage.py run_worker --model smollm2-135m-instruct --device $${DEVICE-cpu}
 
 test: install
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The database- and queue-facing suites against real PostgreSQL and Redis.

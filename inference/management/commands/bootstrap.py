@@ -7,7 +7,7 @@ import os
 
 from django.core.management.base import BaseCommand
 
-from tenants.services.bootstrap import platform_bootstrap
+from inference.services import platform_bootstrap
 
 
 class Command(BaseCommand):
