@@ -38,8 +38,7 @@ def served_model_ensure() -> tuple[ServedModel, bool]:
 
 
 @transaction.atomic
-def platform_bootstrap(*, admin_username: str = "admin", admin_password: str | None = None,
-                       admin_email: str = "admin@example.com") -> BootstrapResult:
+def platform_bootstrap(*, admin_username: str, admin_password: str | None, admin_email: str) -> BootstrapResult:
     tiers, created = tiers_ensure(free_models=[SMOLLM2])
     _model, model_created = served_model_ensure()
     if model_created:

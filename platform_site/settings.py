@@ -41,6 +41,21 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in ENV.get(name, default).split(",") if item.strip()]
 
 
+def env_opt(name: str, cast=str):
+    """The variable cast to its type, or None when unset: the component's own default then applies."""
+    value = ENV.get(name, "").strip()
+    return cast(value) if value else None
+
+
+def env_flag(name: str) -> bool | None:
+    value = env_opt(name, str.lower)
+    if value is None:
+        return None
+    if value not in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+        raise ValueError(f"{name} must be 0 or 1; got {value!r}")
+    return value in {"1", "true", "yes", "on"}
+
+
 # ---------------------------------------------------------------- core
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = ENV.get("SECRET_KEY", "")
@@ -147,16 +162,31 @@ CELERY_TIMEZONE = "UTC"
 # that front separate `run_worker` processes.
 EMBEDDED_WORKER = env_bool("EMBEDDED_WORKER", EMBEDDED)
 ENGINE_DEVICE = ENV.get("ENGINE_DEVICE", "cpu")
-ENGINE_DTYPE = ENV.get("ENGINE_DTYPE", "bfloat16")
-ENGINE_KV_CACHE_MB = int(ENV.get("ENGINE_KV_CACHE_MB", "512"))
 DEFAULT_MODEL = ENV.get("DEFAULT_MODEL", "smollm2-135m-instruct")
-ENGINE_MAX_NUM_SEQS = int(ENV.get("ENGINE_MAX_NUM_SEQS", "64"))
+# Engine and kernel knobs, applied by inference.worker.engine_factory. Unset (None) keeps the engine's
+# or the kernels' own default (inference.engine.EngineConfig and cpu_matmul, kernels.config), so each
+# default is written once, where offline users (tests, benchmarks) get it too.
+ENGINE_DTYPE = env_opt("ENGINE_DTYPE")
+ENGINE_KV_CACHE_MB = env_opt("ENGINE_KV_CACHE_MB", int)
+ENGINE_MAX_NUM_SEQS = env_opt("ENGINE_MAX_NUM_SEQS", int)
+ENGINE_CPU_UPCAST_MATMUL = env_opt("ENGINE_CPU_UPCAST_MATMUL")  # auto, 0, 1
+ENGINE_CPU_PREPACK = env_flag("ENGINE_CPU_PREPACK")
+KERNELS_BACKEND = env_opt("KERNELS_BACKEND")  # auto, ref, cpu, triton
+KERNELS_CPU_NATIVE = env_flag("KERNELS_CPU_NATIVE")
+KERNELS_CACHE_DIR = env_opt("KERNELS_CACHE_DIR")
+KERNELS_CC = env_opt("CC")  # the native CPU kernels' compiler, read from $CC as build tools do
+KERNELS_TUNE_MALLOC = env_flag("KERNELS_TUNE_MALLOC")
 # Queue (inference.queue): keys live under QUEUE_KEY_PREFIX in Redis; a (model, tier)
 # queue holding QUEUE_MAX_DEPTH jobs refuses more (0 = unbounded). A worker whose
 # heartbeat is older than WORKER_HEARTBEAT_TIMEOUT_S is dead: its leases are reaped.
 QUEUE_KEY_PREFIX = ENV.get("QUEUE_KEY_PREFIX", "llmq")
 QUEUE_MAX_DEPTH = int(ENV.get("QUEUE_MAX_DEPTH", "10000"))
 WORKER_HEARTBEAT_TIMEOUT_S = float(ENV.get("WORKER_HEARTBEAT_TIMEOUT_S", "10"))
+# `manage.py bootstrap`: the admin user it creates (ADMIN_PASSWORD unset: generated and printed once)
+# and the base URL it prints.
+BOOTSTRAP_ADMIN_USERNAME = ENV.get("ADMIN_USERNAME", "admin")
+BOOTSTRAP_ADMIN_PASSWORD = ENV.get("ADMIN_PASSWORD") or None
+BASE_URL = ENV.get("BASE_URL", "http://127.0.0.1:8000")
 # API streams (SSE): a `: keep-alive` comment after this many idle seconds.
 SSE_KEEPALIVE_S = float(ENV.get("SSE_KEEPALIVE_S", "15"))
 CELERY_BEAT_SCHEDULE = {

@@ -90,8 +90,8 @@ def tiers_ensure(*, free_models: list[str]) -> tuple[dict[str, Tier], list[str]]
     return tiers, created
 
 
-def demo_tenant_ensure(*, tiers: dict[str, Tier], admin_username: str = "admin", admin_password: str | None = None,
-                       admin_email: str = "admin@example.com") -> DemoTenant:
+def demo_tenant_ensure(*, tiers: dict[str, Tier], admin_username: str, admin_password: str | None,
+                       admin_email: str) -> DemoTenant:
     """Tenant `demo`, an admin user owning it (created where missing) and a new demo API key."""
     created = []
     tenant, tenant_created = Tenant.objects.get_or_create(
