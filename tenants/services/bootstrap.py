@@ -69,10 +69,10 @@ DEMO_TENANT_TIER = "pro"
 
 
 @dataclass
-class DemoTenant:
+class BootstrapResult:
     created: list[str]  # human-readable names of what this run created
-    tenant: Tenant
-    key: NewApiKey
+    demo_tenant: Tenant
+    demo_key: NewApiKey
     admin_username: str
     admin_password: str | None  # only when this run created the admin user
 
@@ -91,7 +91,7 @@ def tiers_ensure(*, free_models: list[str]) -> tuple[dict[str, Tier], list[str]]
 
 
 def demo_tenant_ensure(*, tiers: dict[str, Tier], admin_username: str, admin_password: str | None,
-                       admin_email: str) -> DemoTenant:
+                       admin_email: str) -> BootstrapResult:
     """Tenant `demo`, an admin user owning it (created where missing) and a new demo API key."""
     created = []
     tenant, tenant_created = Tenant.objects.get_or_create(
@@ -110,5 +110,5 @@ def demo_tenant_ensure(*, tiers: dict[str, Tier], admin_username: str, admin_pas
     membership_ensure(user=admin, tenant=tenant, role=Membership.Role.OWNER)
 
     key = api_key_create(tenant=tenant, name="demo (bootstrap)", created_by=admin)
-    return DemoTenant(created=created, tenant=tenant, key=key, admin_username=admin_username,
-                      admin_password=password_shown)
+    return BootstrapResult(created=created, demo_tenant=tenant, demo_key=key, admin_username=admin_username,
+                           admin_password=password_shown)
