@@ -22,8 +22,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from common.errors import NotFound
 from inference.api.background import OnePerKey
-from inference.errors import NotFound
 from inference.models import ServedModel
 
 CACHE_TTL_S = 5.0

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 from inference.api.background import OnePerKey
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
 from inference.api.schemas import CHAT, ApiRequest
-from inference.errors import ApiError, InvalidRequest, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -26,12 +26,13 @@ from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from common.errors import ApiError, InvalidRequest, error_body, error_json_response
 from inference.api.events import JobRun, done_error
 from inference.api.parsing import MAX_BODY_BYTES, json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
 from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse
 from inference.api.services import PreparedRequest, ajob_submit, arequest_prepare, request_id_new
-from inference.errors import ApiError, InvalidRequest, error_body, error_json_response
+from tenants.services.api_keys import aapi_key_authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,6 @@ def _common_headers(response: HttpResponse, *, request, request_id: str, started
 
 
 async def _authenticate(request):
-    from tenants.services.api_keys import aapi_key_authenticate
-
     return await aapi_key_authenticate(authorization=request.headers.get("Authorization"))
 
 

@@ -33,6 +33,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
+from tenants.models import Tier
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_WEIGHT = 1
@@ -159,8 +161,6 @@ class DbTierWeights:
             if now - self._read_at >= self.ttl:
                 self._read_at = now
                 try:
-                    from tenants.models import Tier
-
                     self._weights = dict(Tier.objects.values_list("name", "queue_weight"))
                 except Exception as exc:  # noqa: BLE001 - weights are advisory; never stop a worker
                     logger.debug("tier weights unavailable, keeping the last known: %s", exc)

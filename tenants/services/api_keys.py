@@ -32,7 +32,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from inference.errors import AuthenticationError, InvalidRequest, PermissionDenied
+from common.errors import AuthenticationError, InvalidRequest, PermissionDenied
 from tenants.models import ApiKey, Tenant, Tier
 from tenants.services import api_key_cache
 from tenants.services.api_key_cache import api_key_cache_clear, cached_key_get, cached_key_put

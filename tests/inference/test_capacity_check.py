@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from common.errors import ServiceUnavailable
 from inference.api import services
-from inference.errors import ServiceUnavailable
 
 
 class FakeQueue:
