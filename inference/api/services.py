@@ -216,9 +216,9 @@ async def _capacity_check(model: str) -> None:
     # Heartbeats come every second; trusting a positive answer for two more
     # seconds spares a Redis round trip per request, and a request that finds
     # the answer older than a quarter second re-checks it in the background, so
-    # while requests keep coming none of them waits for Redis here (at ~1
-    # request/s, a 1 s answer re-checked in its second half had expired before
-    # a third of them). A request that slips in after the last worker died
+    # while requests keep coming none of them waits for Redis here (a re-check
+    # started only late in the TTL would often come too late for a steady
+    # client). A request that slips in after the last worker died
     # waits on the queue, and JobRun's idle liveness check ends it with a 503.
     known = _live_workers.entry(model)
     if known is not None:
