@@ -3,9 +3,8 @@
 `aapi_key_verify` (the completion endpoints and the WebSocket) would otherwise
 look the key row up in the database on every request, through a hop to the
 database thread, on the way to the first token. A row found by its prefix is
-kept here (a `common.cache.TtlCache`)
-for ``settings.API_KEY_CACHE_TTL_S`` seconds (default 2; 0 turns the cache
-off). What stays per request: the secret is still checked against the row's
+kept here (a `common.cache.TtlCache`) for ``settings.API_KEY_CACHE_TTL_S``
+seconds (default 2; 0 turns the cache off). What stays per request: the secret is still checked against the row's
 digest in constant time, and expiry against the clock, on every request;
 unknown prefixes are never cached.
 

@@ -25,7 +25,7 @@ PER_REQUEST = {"x-request-id", "openai-processing-ms"}  # differ between any two
 
 
 @pytest.fixture
-async def both(settings):
+async def both():
     """Builds (API handler client, Django stack client) after the test's settings are in place:
     middleware read their settings when they are built, as at a process's start."""
     from django.core.handlers.asgi import ASGIHandler
