@@ -10,8 +10,11 @@ abort what clients cancelled, end jobs dropped from the queue, lease new jobs
 when the engine has room, then one engine step whose outputs become
 engine.delta events and, for finished requests, a usage record and one
 engine.done. An error in one request ends that request with finish_reason
-"error"; an error in the step itself ends every request in the engine; neither
-stops the loop.
+"error" (the engine pins a failing step to the requests that made it fail);
+an error the engine lets through ends every request in the engine; neither
+stops the loop. An engine that declares itself dead (a broken device: every
+request failed alone) has ended its requests once: the loop stops taking
+work and returns once the requests in hand are finished.
 
 Room: the worker holds at most max_num_seqs + prefetch jobs and leases nothing
 while `prefetch` or more wait inside the engine (KV cache full). The rest stay
@@ -402,6 +405,9 @@ class WorkerLoop:
                 self._engine_abort(output.request_id)
                 self._fail(output.request_id, f"Worker error: {exc}")
         self.sink.send_many(firsts + deltas, wait_s=FIRST_TOKEN_SEND_WAIT_S if firsts else 0.0)
+        if getattr(self.engine, "dead", None) and not self.draining:
+            logger.critical("worker %s: %s; taking no more work", self.worker_id, self.engine.dead)
+            self.request_drain()
         if not finished:
             return
         for active, _output in finished:
@@ -499,7 +505,7 @@ class WorkerLoop:
             prompt_tokens=int(usage.prompt_tokens), cached_tokens=int(usage.cached_tokens),
             completion_tokens=int(usage.completion_tokens),
             queued_s=max(0.0, active.leased_at - job.enqueued_at) + engine_queued,
-            ttft_s=active.ttft_s,
+            ttft_s=active.ttft_s, error=getattr(output, "error", None),
             stop_reason=output.stop_reason, extra_timing=extra, now=now,
         )
 
