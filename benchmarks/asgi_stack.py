@@ -115,7 +115,8 @@ def main() -> None:
     result = asyncio.run(_main(args))
     for name in ("api_handler", "django_stack"):
         print(f"{name:13} " + "  ".join(f"{k}={v}" for k, v in result[name].items()))
-    print(f"stack cost    p50 difference {result['stack_cost_p50_ms']} ms, paired p50 {result['stack_cost_paired_p50_ms']} ms")
+    print(f"stack cost    p50 difference {result['stack_cost_p50_ms']} ms, "
+          f"paired p50 {result['stack_cost_paired_p50_ms']} ms")
     print(json.dumps(result))
 
 

@@ -35,7 +35,7 @@ import logging
 from asgiref.sync import markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core import signals
-from django.core.exceptions import DisallowedHost, RequestAborted
+from django.core.exceptions import DisallowedHost, ImproperlyConfigured, RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.middleware.common import CommonMiddleware
@@ -174,6 +174,8 @@ class ApiASGIHandler(ASGIHandler):
         for path in reversed(settings.MIDDLEWARE):
             if path in NOT_NEEDED:
                 continue
+            if path not in INLINE:
+                raise ImproperlyConfigured(f"{path}: the API handler cannot apply it (see api_http_router)")
             handler = convert_exception_to_response(_inline(import_string(INLINE[path])(handler)))
         self._middleware_chain = handler
 

@@ -16,6 +16,7 @@ import json
 import httpx
 import pytest
 from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -72,7 +73,8 @@ async def _same(api: httpx.AsyncClient, stack: httpx.AsyncClient, method: str, p
 
 def _post(key: str, body, **headers) -> dict:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return {"content": content, "headers": {"Content-Type": "application/json", "Authorization": f"Bearer {key}", **headers}}
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}", **headers}
+    return {"content": content, "headers": headers}
 
 
 def _chat(**fields) -> dict:
@@ -147,3 +149,5 @@ def test_every_middleware_is_applied_or_known_to_have_nothing_to_do(settings):
         return None
 
     assert asgi.api_http_router(fallback) is fallback  # a middleware it cannot apply: Django's stack for all
+    with pytest.raises(ImproperlyConfigured, match="SomeMiddleware"):
+        asgi.ApiASGIHandler()
