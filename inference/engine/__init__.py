@@ -11,6 +11,7 @@ _EXPORTS = {
     "EngineConfig": "inference.engine.config",
     "SamplingParams": "inference.engine.sampling_params",
     "EngineValidationError": "inference.engine.sampling_params",
+    "PromptTooLongError": "inference.engine.sampling_params",
     "RequestOutput": "inference.engine.outputs",
     "Usage": "inference.engine.outputs",
     "Timing": "inference.engine.outputs",
