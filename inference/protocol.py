@@ -109,9 +109,7 @@ class Done:
 
     def encode(self) -> dict[str, Any]:
         data = {"type": DONE, "request_id": self.request_id, "finish_reason": self.finish_reason,
-                "usage": self.usage.encode(), "timing": self.timing.encode()}
-        if self.error is not None:
-            data["error"] = self.error
+                "usage": self.usage.encode(), "timing": self.timing.encode(), "error": self.error}
         if self.error_param is not None:
             data["error_param"] = self.error_param
         return data

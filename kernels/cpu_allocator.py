@@ -3,8 +3,8 @@
 On the CPU path every decode step allocates and frees a few MB-sized tensors
 (gathered K/V, MLP activations). With glibc's defaults those are served by
 mmap or trimmed from the heap top on free, so the next step page-faults them in
-again: measured here, that made paged decode attention at batch 64 / context
-512 take 8 ms instead of 2.4 ms. Raising the trim threshold and pinning the
+again, and the faults cost more than the kernels that use the memory (paged
+decode attention at large batches). Raising the trim threshold and pinning the
 mmap threshold makes freed memory reusable. Process-wide, idempotent, Linux
 glibc only; set KERNELS_TUNE_MALLOC=0 to leave the allocator alone.
 """

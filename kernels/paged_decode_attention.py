@@ -35,9 +35,8 @@ def gather_padded_kv(
 
 
 # Gathered K (and V) per chunk are kept around this size so that SDPA reads
-# them back from cache rather than DRAM; measured on a 2-core Xeon (AMX, one
-# thread, CPU time), chunks of ~3 MB ran decode attention at batch 64 / context
-# 512 about 25% faster than one batch-wide gather (5.3 vs 7.2 ms per layer).
+# them back from cache rather than DRAM, as it must after one batch-wide gather
+# at large batches (the slower of the two on the CPUs this path serves).
 CHUNK_BYTES = 3 << 20
 
 

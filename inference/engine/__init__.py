@@ -12,6 +12,7 @@ _EXPORTS = {
     "SamplingParams": "inference.engine.sampling_params",
     "EngineValidationError": "inference.engine.sampling_params",
     "PromptTooLongError": "inference.engine.sampling_params",
+    "EngineDeadError": "inference.engine.step_isolation",
     "RequestOutput": "inference.engine.outputs",
     "Usage": "inference.engine.outputs",
     "Timing": "inference.engine.outputs",

@@ -10,8 +10,8 @@ kernel. A mixed batch is split: the model runner puts its one-token sequences
 first (`meta.num_decodes`), they take the decode kernel (grouped-query K/V
 loads, split-KV) and the prefill kernel starts after them. Sent through the
 prefill kernel, a decode row costs a whole query tile per query head there,
-and on the CPU the reference's gather-and-pad decode path (5x the native
-kernel's time at batch 32).
+and on the CPU the reference's gather-and-pad decode path instead of the
+native decode kernel.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 On CPUs with AVX-512-BF16 or AMX, oneDNN multiplies bfloat16 matrices natively
 and faster than float32. Elsewhere (AVX2-only x86, e.g. AMD Zen 1-3) PyTorch
-falls back to a generic kernel that runs 5-8x slower than its float32 GEMM on
-the same shapes (measured on a 2-core AMD EPYC VM: [64, 576] x [576, 3072]
-12.5 ms in bfloat16 against 2.6 ms upcast). There, inputs of at least
+falls back to a generic kernel that runs several times slower than its float32
+GEMM on the same shapes. There, inputs of at least
 `UPCAST_MIN_ROWS` rows are multiplied in float32: the activations are upcast,
 and the weight chunk by chunk (`CHUNK_ROWS` output rows at a time, so the float32
 copy stays in cache and the weights stay 16-bit in memory). Each output element
@@ -20,10 +19,9 @@ Where the CPU has the bfloat16 GEMM, `F.linear` hands oneDNN a plain row-major
 weight, which oneDNN reorders into its blocked (AMX/AVX-512) layout on every
 call: for SmolLM2's small matrices that reorder costs about as much as the
 product. `prepack` makes that blocked copy once, at load time, and
-`prepacked_linear` multiplies by it: bit-identical results, 1.3-2.2x faster
-(2-core AMX Xeon: [64, 576] x [576, 3072] 0.29 -> 0.19 ms, the LM head
-[64, 576] x [576, 49152] 3.9 -> 2.0 ms). The copy costs the dense weights' size
-again in memory; ``ENGINE_CPU_PREPACK=0`` turns it off.
+`prepacked_linear` multiplies by it: bit-identical results, without the
+reorder on every call. The copy costs the dense weights' size again in memory;
+``ENGINE_CPU_PREPACK=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ import torch.nn.functional as F
 UPCAST_ENV = "ENGINE_CPU_UPCAST_MATMUL"
 PREPACK_ENV = "ENGINE_CPU_PREPACK"
 PREPACK_BATCH_HINT = 64  # oneDNN's layout hint; with 64 the products equal F.linear's bit for bit at 1-1024 rows
-UPCAST_MIN_ROWS = 8  # measured crossover on the AMD EPYC VM: 4-8 rows
+UPCAST_MIN_ROWS = 8  # the crossover: fewer rows are bandwidth-bound, where the 16-bit GEMV wins
 CHUNK_ROWS = 2048  # 2048 x 576 float32 = 4.7 MB: the weight chunk stays in L2/L3 for the GEMM
 
 

@@ -26,17 +26,28 @@ new step computes. A request that finishes (stop token, stop string) has had
 one more step launched for it; that step's token is dropped as above. Rows that
 need their history on the host (penalties, logprobs) read the step back first.
 Not thread-safe: one thread drives an engine.
+
+A step that raises ends only the requests that made it fail
+(`inference.engine.step_isolation`: the batch is bisected and rerun): they
+finish with "error" and their blocks are freed, the others go on. A failure in
+one sequence's own token handling (stop checks, detokenizing) ends that
+sequence alone. When a step fails for every part of its batch (two requests or
+more, or three steps in a row with nothing run in between), the device is taken
+to be broken: every request ends with "error" once and the engine is `dead`
+(`add_request` raises EngineDeadError), so that a worker stops taking work.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 
 import torch
 
+from inference.engine.async_step import AsyncSchedulingSteps
 from inference.engine.block_manager import BlockManager
 from inference.engine.config import EngineConfig
 from inference.engine.detokenizer import detokenizer_for
@@ -48,13 +59,16 @@ from inference.engine.sampling_params import EngineValidationError, PromptTooLon
 from inference.engine.scheduler import Scheduler
 from inference.engine.scheduler_policy import PriorityPolicy
 from inference.engine.sequence import Sequence, SeqStatus
+from inference.engine.step_isolation import EngineDeadError, StepFailures
 from inference.engine.stop_checker import StopChecker
+
+logger = logging.getLogger(__name__)
 
 _RATE_WINDOW_S = 10.0
 FINISHED = SeqStatus.FINISHED
 
 
-class Engine:
+class Engine(StepFailures, AsyncSchedulingSteps):
     def __init__(self, config: EngineConfig, *, loaded=None) -> None:
         """`loaded`: an already loaded model (inference.engine.loader.LoadedModel) to share
         weights between engines, e.g. in tests; it must match config.model/dtype/device."""
@@ -105,6 +119,8 @@ class Engine:
         self._inflight: PendingSample | None = None
         self._inflight_needs_host = False
         self._ids = itertools.count()
+        self.dead: str | None = None  # why the engine stopped taking requests (a broken device), if it did
+        self._failed_steps = 0  # steps in a row whose every scheduled request failed alone
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
         self.counters = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0}
         # Wall time per phase of step(); everything but model_s is engine overhead. take_s: appending the
@@ -118,7 +134,10 @@ class Engine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None) -> None:
         """Validate and queue a request. Raises EngineValidationError (`param`: the request parameter at
-        fault), PromptTooLongError when the prompt and its completion do not fit."""
+        fault), PromptTooLongError when the prompt and its completion do not fit; EngineDeadError once
+        the engine is dead."""
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
         sampling.validate(vocab_size=self.vocab_size)
         n = len(prompt_token_ids)
         if n == 0:
@@ -176,32 +195,38 @@ class Engine:
                 self.timers["output_s"] += time.perf_counter() - t1
             return outputs
         if on_first_tokens is not None:
-            _notify_first_tokens(batch, on_first_tokens)
-        inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens)
-        t1b = time.perf_counter()
-        seqs, logits = self.runner.run(*inputs)
-        t2 = time.perf_counter()
+            batch.notify_first_tokens(on_first_tokens)
+        try:
+            inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens)
+            t1b = time.perf_counter()
+            seqs, logits = self.runner.run(*inputs)
+            t2 = time.perf_counter()
+            pending = self.sampler.launch(logits, seqs) if seqs else None
+        except Exception as exc:  # noqa: BLE001 - pinned to its request(s) below
+            return outputs + self._emit_deferred() + self._recover(batch, exc)
         self.scheduler.postprocess(batch)
-        pending = self.sampler.launch(logits, seqs) if seqs else None
         t2b = time.perf_counter()
         if self.async_output:
             outputs += self._emit_deferred()  # the previous step's outputs, while the GPU works
         t2c = time.perf_counter()
-        sampled = self.sampler.finish(pending) if pending is not None else None
+        try:
+            sampled = self.sampler.finish(pending) if pending is not None else None
+        except Exception as exc:  # noqa: BLE001
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):  # undo postprocess: the step is rerun
+                seq.num_computed_tokens -= n
+            return outputs + self._recover(batch, exc)
         t3 = time.perf_counter()
         now = time.time()
         taken = []
         if sampled is not None:
-            token_ids, lps, take = sampled.token_ids, sampled.logprobs, self._take_token
-            for i, seq in enumerate(seqs):
-                if seq.status is FINISHED:  # async_output: a late stop string or an abort; this token is dropped
-                    continue
-                taken.append(take(seq, token_ids[i], None if lps is None else lps[i], now))
+            taken = self._take_all(seqs, sampled.token_ids, sampled.logprobs, now, outputs)
         t3b = time.perf_counter()
         if self.async_output:
             self._deferred = taken
         else:
-            outputs += [self._emit(t, now) for t in taken]
+            outputs += self._emit_all(taken, now)
+        if self._failed_steps:
+            self._failed_steps = 0
         t4 = time.perf_counter()
         self.timers["sample_s"] += (t2b - t2) + (t3 - t2c)
         self.timers["take_s"] += t3b - t3
@@ -219,69 +244,6 @@ class Engine:
         self._recent.append((now, n_prompt, num_sampled))
         while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
             self._recent.popleft()
-
-    # ---- async scheduling: launch the next step, then read back the one in flight ---------------
-    def _step_ahead(self, on_first_tokens) -> list[RequestOutput]:
-        outputs, self._pending = self._pending, []
-        prev, self._inflight = self._inflight, None
-        if prev is not None and self._inflight_needs_host:
-            outputs += self._land(prev)  # its rows' sampling needs their latest token on the host
-            prev = None
-        t0 = time.perf_counter()
-        batch = self.scheduler.schedule()
-        t1 = time.perf_counter()
-        self.timers["schedule_s"] += t1 - t0
-        if batch:
-            if on_first_tokens is not None:
-                _notify_first_tokens(batch, on_first_tokens)
-            inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens,
-                                         prev.tokens if prev is not None else None)
-            t2 = time.perf_counter()
-            seqs, logits = self.runner.run(*inputs)
-            t3 = time.perf_counter()
-            self.scheduler.postprocess(batch)
-            if seqs:
-                self._inflight = self.sampler.launch(logits, seqs)
-                needs_host = False
-                for i, seq in enumerate(seqs):
-                    seq.pending += 1
-                    seq.pending_row = i
-                    sp = seq.sampling
-                    needs_host = needs_host or sp.logprobs is not None or sp.has_penalties
-                self._inflight_needs_host = needs_host
-            t4 = time.perf_counter()
-            self.timers["prepare_s"] += t2 - t1
-            self.timers["model_s"] += t3 - t2
-            self.timers["sample_s"] += t4 - t3
-            self._count(batch, len(seqs), time.time())
-        if prev is not None:
-            outputs += self._land(prev)  # while the step just launched computes
-        return outputs
-
-    def _land(self, pending: PendingSample) -> list[RequestOutput]:
-        """Read back a launched step's tokens, take them and build their outputs. A row whose request
-        finished since the launch (a stop found in the step before, an abort) is dropped."""
-        t0 = time.perf_counter()
-        sampled = self.sampler.finish(pending)
-        t1 = time.perf_counter()
-        now = time.time()
-        taken = []
-        bm = self.block_manager
-        bs = bm.block_size if bm.enable_prefix_caching else 0
-        token_ids, lps, take = sampled.token_ids, sampled.logprobs, self._take_token
-        for i, seq in enumerate(pending.seqs):
-            seq.pending -= 1
-            if seq.status is FINISHED:
-                continue
-            taken.append(take(seq, token_ids[i], None if lps is None else lps[i], now))
-            if bs and len(seq.token_ids) % bs == 0 and not seq.is_finished:
-                bm.cache_full_blocks(seq)  # a block completed by this token, computed before it was known
-        t2 = time.perf_counter()
-        outputs = [self._emit(t, now) for t in taken]
-        self.timers["sample_s"] += t1 - t0
-        self.timers["take_s"] += t2 - t1
-        self.timers["output_s"] += time.perf_counter() - t2
-        return outputs
 
     # ---- a sampled token, in two halves: what the next schedule needs, then its output -----------
     # Synchronous engines run both in the same step; with async_output the second half of a step's
@@ -306,11 +268,32 @@ class Engine:
     def _emit_deferred(self) -> list[RequestOutput]:
         """The previous step's outputs (async_output)."""
         deferred, self._deferred = self._deferred, []
-        now = time.time()
+        # aborted since: its abort notice is the last word
+        return self._emit_all([taken for taken in deferred if taken[0].finish_reason != "abort"], time.time())
+
+    def _take_all(self, seqs: list[Sequence], token_ids: list[int], lps, now: float,
+                  outputs: list[RequestOutput]) -> list[tuple]:
+        """`_take_token` for each sampled row; a row that fails ends its request alone (into `outputs`)."""
+        taken = []
+        take = self._take_token
+        for i, seq in enumerate(seqs):
+            if seq.status is FINISHED:  # async_output: a late stop string or an abort; this token is dropped
+                continue
+            try:
+                taken.append(take(seq, token_ids[i], None if lps is None else lps[i], now))
+            except Exception as exc:  # noqa: BLE001 - this sequence's own failure ends it alone
+                outputs.append(self._fail_seq(seq, exc))
+        return taken
+
+    def _emit_all(self, taken: list[tuple], now: float) -> list[RequestOutput]:
+        """`_emit` for each taken token; one that fails (detokenizing, stop strings) ends its request alone."""
         outputs = []
-        for taken in deferred:
-            if taken[0].finish_reason != "abort":  # aborted since: its abort notice is the last word
-                outputs.append(self._emit(taken, now))
+        emit = self._emit
+        for t in taken:
+            try:
+                outputs.append(emit(t, now))
+            except Exception as exc:  # noqa: BLE001
+                outputs.append(self._fail_seq(t[0], exc))
         return outputs
 
     def _emit(self, taken: tuple, now: float) -> RequestOutput:
@@ -402,11 +385,3 @@ class Engine:
             **self.counters,
             **self.timers,
         }
-
-
-def _notify_first_tokens(batch, on_first_tokens: Callable[[list[str]], None]) -> None:
-    """Call `on_first_tokens` with the requests whose first token this step samples."""
-    firsts = [seq.request_id for seq, n in zip(batch.seqs, batch.num_new_tokens)
-              if not seq.output_token_ids and not seq.pending and seq.samples_after(n)]
-    if firsts:
-        on_first_tokens(firsts)

@@ -39,16 +39,17 @@ class RequestOutput:
     delta_text: str
     logprobs: list[dict] | None
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None
     usage: Usage
     timing: Timing
     stop_reason: str | int | None = None  # the matched stop string or stop token id
     prompt_token_ids: list[int] = field(default_factory=list)  # filled by generate() only
+    error: str | None = None  # why, when finish_reason is "error" (the request failed inside the engine)
 
     def to_dict(self) -> dict:
         return {
             "request_id": self.request_id, "new_token_ids": list(self.new_token_ids),
             "delta_text": self.delta_text, "logprobs": self.logprobs, "finished": self.finished,
             "finish_reason": self.finish_reason, "usage": self.usage.to_dict(),
-            "timing": self.timing.to_dict(), "stop_reason": self.stop_reason,
+            "timing": self.timing.to_dict(), "stop_reason": self.stop_reason, "error": self.error,
         }

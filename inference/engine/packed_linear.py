@@ -1,8 +1,8 @@
 """A Linear layer that can also hold its weight as packed 4-bit groups.
 
 Decoding a few sequences multiplies a handful of rows by every weight, so on
-the CPU it is bound by memory bandwidth: streaming the bf16 weights of a
-135M model costs ~15-20 ms a step. When the weight came from a Q4_0/Q4_1
+the CPU it is bound by memory bandwidth: the step takes as long as streaming
+every bf16 weight. When the weight came from a Q4_0/Q4_1
 GGUF tensor it is exactly `(code - 8) * scale + zero` per group of 32 inputs,
 which PyTorch's `_weight_int4pack_mm_for_cpu` reads at a quarter of the bytes.
 So a layer keeps both: the dense weight (AMX/oneDNN GEMM, best for prefill and
@@ -27,13 +27,11 @@ from torch import nn
 from . import cpu_matmul
 
 GROUP_SIZE = 32
-INT4_MAX_ROWS = 8  # measured crossover on AMX CPUs is ~12 rows; below it int4 wins 2-5x
-# Against cpu_matmul's float32 upcast (CPUs without bf16 GEMM): int4 measured faster up to 16-24 rows
-# on an AVX2 AMD EPYC ([16, 576] x [576, 3072]: 1.2 vs 1.5 ms; at 32 rows 2.4 vs 2.0 ms).
-INT4_MAX_ROWS_UPCAST = 16
-# The int8 LM head against the dense bf16 one inside decode steps (AMX Xeon, 2 threads, SmolLM2's
-# [rows, 576] x [576, 49152], weights streamed from memory): 1.5 vs 4.1 ms at 1 row, 1.7 vs 4.4 at 2,
-# 2.0 vs 4.4 at 4, 3.7 vs 4.3 at 8; the C code takes 8 rows per pass, so 16 would read the codes twice.
+# Each limit stays below the row count where the dense path catches up with the packed one.
+INT4_MAX_ROWS = 8  # against oneDNN's bf16 GEMM (AMX CPUs), which catches up near 12 rows
+INT4_MAX_ROWS_UPCAST = 16  # against cpu_matmul's float32 upcast (no bf16 GEMM), which catches up at 16-24
+# The int8 LM head is faster than the dense bf16 one up to 8 rows, by less as rows grow; the C code
+# takes 8 rows per pass, so 16 would read the codes twice.
 INT8_MAX_ROWS = 8
 
 

@@ -96,7 +96,11 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def validate(self, vocab_size: int | None = None) -> "SamplingParams":
-        """Raise EngineValidationError on the first invalid value; return self."""
+        """Raise EngineValidationError on the first invalid value; return self.
+
+        With `vocab_size` (the API checks with the tokenizer's, the engine again with the model's),
+        token ids must lie inside the vocabulary, and a `top_k` at or above it is set to 0: it
+        keeps every token, which is what "no top-k filtering" means (as in vLLM)."""
         def fail(message: str, param: str):
             raise EngineValidationError(message, param)
 
@@ -108,6 +112,8 @@ class SamplingParams:
             fail(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if not _is_int(self.top_k) or self.top_k < -1:
             fail(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k!r}", "top_k")
+        if vocab_size is not None and self.top_k >= vocab_size:
+            self.top_k = 0
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             fail(f"min_p must be in [0, 1], got {self.min_p!r}", "min_p")
         for name in ("presence_penalty", "frequency_penalty"):

@@ -38,6 +38,13 @@ class ScheduledBatch:
     def __bool__(self) -> bool:
         return bool(self.seqs)
 
+    def notify_first_tokens(self, callback) -> None:
+        """Call `callback` with the ids of the requests whose first token this step samples."""
+        firsts = [seq.request_id for seq, n in zip(self.seqs, self.num_new_tokens)
+                  if not seq.output_token_ids and not seq.pending and seq.samples_after(n)]
+        if firsts:
+            callback(firsts)
+
     def _add(self, seq: Sequence, n: int) -> None:
         self.seqs.append(seq)
         self.num_new_tokens.append(n)

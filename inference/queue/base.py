@@ -64,9 +64,9 @@ class JobQueue(abc.ABC):
         or ValueError when a job with this request_id is already known."""
 
     async def aenqueue(self, job: Job) -> None:
-        """`enqueue` for the event loop: in a thread by default. (An asyncio Redis client was
-        slower than this on a busy loop: 3.2 vs 2.5 ms p50, its several loop iterations each
-        waiting behind the other requests' work.)"""
+        """`enqueue` for the event loop: in a thread by default. (Not an asyncio Redis client:
+        on a busy loop each of its several loop iterations waits behind the other requests'
+        work, which made it the slower of the two.)"""
         await asyncio.to_thread(self.enqueue, job)
 
     @abc.abstractmethod

@@ -36,14 +36,13 @@ def output_ending(*, active: ActiveRequest, output: Any, now: float, worker_id: 
     job = active.job
     usage, timing = output.usage, output.timing
     engine_queued = float(getattr(timing, "queued_s", 0.0) or 0.0)
-    finish_reason = output.finish_reason or "stop"
     return job_ending(
-        job=job, worker_id=worker_id, finish_reason=finish_reason,
+        job=job, worker_id=worker_id, finish_reason=output.finish_reason or "stop",
         prompt_tokens=int(usage.prompt_tokens), cached_tokens=int(usage.cached_tokens),
         completion_tokens=int(usage.completion_tokens),
         queued_s=max(0.0, active.leased_at - job.enqueued_at) + engine_queued,
         ttft_s=active.ttft_s, engine_timing=timing, now=now,
-        error=getattr(output, "error", None) if finish_reason == "error" else None,
+        error=getattr(output, "error", None),  # why, when the request failed alone inside the engine
     )
 
 

@@ -9,8 +9,11 @@ from the queue, lease new jobs when the engine has room, then one engine step
 whose outputs become `Delta` events (inference.protocol) and, for finished
 requests, a usage record and one `Done`, both from the finisher thread
 (inference.worker.finisher). An error in one request ends that request with
-finish_reason "error"; an error in the step itself ends every request in the
-engine; neither stops the loop.
+finish_reason "error" (the engine pins a failing step to the requests that
+made it fail); an error the engine lets through ends every request in the
+engine; neither stops the loop. An engine that declares itself dead (a broken
+device: every request failed alone) has ended its requests once: the loop
+stops taking work and returns once the requests in hand are finished.
 
 Room: the worker holds at most max_num_seqs + prefetch jobs and leases nothing
 while `prefetch` or more wait inside the engine (KV cache full). The rest stay
@@ -290,6 +293,9 @@ class WorkerLoop:
                 self._engine_abort(output.request_id)
                 self._fail(output.request_id, f"Worker error: {exc}")
         self.sink.send_many(firsts + deltas, wait_s=FIRST_TOKEN_SEND_WAIT_S if firsts else 0.0)
+        if getattr(self.engine, "dead", None) and not self.draining:
+            logger.critical("worker %s: %s; taking no more work", self.worker_id, self.engine.dead)
+            self.request_drain()
         if not finished:
             return
         for active, _output in finished:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 class ServingEngine(Protocol):
     config: EngineConfig  # the loop reads max_num_seqs from it
+    dead: str | None  # why the engine stopped for good (a broken device), else None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     priority: int = 0, cache_salt: str | None = None) -> None:

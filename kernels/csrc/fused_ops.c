@@ -162,7 +162,7 @@ static inline __m256 exp_approx8(__m256 x) {
 /* g / (1 + exp(-g)) in place. Written with intrinsics on AVX2 because GCC
  * if-converts the scalar loop's clamp into a second, speculative division
  * whose unused lanes are subnormal: each such division then takes a
- * microcode assist, and the loop ran ~10x slower than this one. */
+ * microcode assist, and those assists, not the arithmetic, set the loop's time. */
 static void silu_inplace(float *restrict g, int64_t n) {
     int64_t i = 0;
 #if defined(__AVX2__)

@@ -34,7 +34,7 @@
 
 /* x86 with AVX2 + FMA (built with -march=native): the hot loops in intrinsics. Left to the
  * auto-vectoriser, GCC 12 kept the dot products' reductions and the exponentials scalar
- * there (2.4 GFLOP/s on an AMD EPYC, Zen 3). Elsewhere the portable loops below. */
+ * there. Elsewhere the portable loops below. */
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define USE_AVX2 1

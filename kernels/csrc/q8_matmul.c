@@ -27,8 +27,9 @@
 
 #define Q8_BLOCK 32
 #define MAX_ROWS 8
-/* Prefetch the codes this many output rows ahead: the hardware prefetcher alone kept the LM head's
- * 28 MB stream at ~9 GB/s; 16 rows ahead (9 KB for K = 576) measured best (18 GB/s, 2 threads). */
+/* Prefetch the codes this many output rows ahead: the hardware prefetcher alone keeps the LM head's
+ * stream of codes well below memory bandwidth; 16 rows ahead (9 KB for K = 576) was the best distance
+ * measured. */
 #define PREFETCH_ROWS 16
 
 /* Outputs [n0, n1) for rows [0, rows) of xf (float32, contiguous [rows, K]). */

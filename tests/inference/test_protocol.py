@@ -30,7 +30,7 @@ def test_a_batch_survives_the_channel_layers_msgpack_unchanged():
 
 
 def test_the_parameter_at_fault_travels_once_and_only_when_there_is_one():
-    assert "error_param" not in Done("r", "stop").encode() and "error" not in Done("r", "stop").encode()
+    assert "error_param" not in Done("r", "stop").encode() and Done("r", "stop").encode()["error"] is None
     failed = Done("r", "error", error="Invalid 'top_p'.", error_param="top_p").encode()
     assert failed["error"] == "Invalid 'top_p'." and failed["error_param"] == "top_p"
 

@@ -89,7 +89,7 @@ class Harness:
 def harness_factory(engine):
     made = []
 
-    def make(**options) -> Harness:
+    def make(*, engine=engine, **options) -> Harness:
         harness = Harness(engine, **options)
         made.append(harness)
         return harness
@@ -384,9 +384,10 @@ def test_a_finisher_that_falls_behind_holds_the_engine_back(engine, harness_fact
         assert record(job.request_id).completion_tokens == tokens
 
 
-def test_an_engine_step_failure_ends_the_batch_with_errors_and_the_loop_goes_on(engine, harness_factory,
-                                                                                 tenant_factory, monkeypatch):
-    """Fault injection: the model runner raises once, as a CUDA error or a kernel bug would."""
+def test_a_step_that_fails_once_is_rerun_in_parts_and_every_request_goes_on(engine, harness_factory,
+                                                                           tenant_factory, monkeypatch):
+    """Fault injection: the model runner raises once, as a transient kernel failure would. The engine
+    reruns the step's batch in parts, so nobody's request ends."""
     tenant = tenant_factory()
     real_run = engine.runner.run
     calls = {"n": 0}
@@ -405,16 +406,95 @@ def test_an_engine_step_failure_ends_the_batch_with_errors_and_the_loop_goes_on(
         harness.queue.enqueue(job)
     for job in victims:
         deltas, done = harness.collect(job.reply_channel)
-        assert done["finish_reason"] == "error" and "injected kernel failure" in done["error"]
-        assert record(job.request_id).finish_reason == "error"
-        assert record(job.request_id).completion_tokens == sum(len(d["token_ids"]) for d in deltas)
-    after = chat_job(engine, tenant, "Say yes.", max_tokens=4)
-    harness.queue.enqueue(after)
-    deltas, done = harness.collect(after.reply_channel)
-    assert done["finish_reason"] in ("stop", "length") and deltas
+        assert done["finish_reason"] == "length" and done["error"] is None
+        assert sum(len(d["token_ids"]) for d in deltas) == 30 == record(job.request_id).completion_tokens
+    assert calls["n"] == 1
     harness.close()
     stats = engine.stats()
     assert stats["free_blocks"] == stats["num_blocks"]
+    assert engine.dead is None
+
+
+@pytest.fixture(scope="module")
+def engine_f32(engine):
+    """A float32 engine (its own weights): the tokens of a request alone and in a batch are the same."""
+    from inference.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(model=MODEL, device="cpu", dtype="float32", kv_cache_mb=64, max_num_seqs=8,
+                               max_num_batched_tokens=512))
+
+
+def test_a_request_whose_sampling_raises_ends_alone_while_two_tenants_stream_on(
+        engine_f32, harness_factory, tenant_factory, monkeypatch):
+    from inference.engine import SamplingParams
+
+    engine = engine_f32
+    tenant_a, tenant_b = tenant_factory(), tenant_factory()
+    streams = [chat_job(engine, tenant_a, "Tell me about the sea.", max_tokens=24, ignore_eos=True),
+               chat_job(engine, tenant_b, "Count from one to twenty.", max_tokens=24, ignore_eos=True),
+               chat_job(engine, tenant_b, "Describe a forest.", max_tokens=24, ignore_eos=True, temperature=0.8,
+                        seed=7)]
+    alone = {}
+    for job in streams:  # each alone, on the same engine
+        sp = SamplingParams.from_dict(dict(job.sampling))
+        alone[job.request_id] = engine.generate([job.prompt_token_ids], sp)[0].new_token_ids
+    bad = chat_job(engine, tenant_a, "Hello there.", max_tokens=24, ignore_eos=True)
+    real_launch = engine.sampler.launch
+    hits = {"n": 0}
+
+    def launch(logits, seqs):  # the test hook: this request's sampling raises from its fourth token on
+        if any(seq.request_id == bad.request_id for seq in seqs):
+            hits["n"] += 1
+            if hits["n"] > 3:
+                raise RuntimeError("sampling failed for this request")
+        return real_launch(logits, seqs)
+
+    monkeypatch.setattr(engine.sampler, "launch", launch)
+    harness = harness_factory(engine=engine)
+    for job in streams + [bad]:
+        harness.queue.enqueue(job)
+    deltas, done = harness.collect(bad.reply_channel)
+    assert done["finish_reason"] == "error" and "sampling failed for this request" in done["error"]
+    assert done["usage"]["completion_tokens"] == sum(len(d["token_ids"]) for d in deltas) == 3
+    for job in streams:
+        deltas, done = harness.collect(job.reply_channel)
+        assert done["finish_reason"] == "length" and done["error"] is None
+        assert [t for d in deltas for t in d["token_ids"]] == alone[job.request_id], job.request_id
+    rows = _retry_locked(lambda: list(UsageRecord.objects.filter(
+        request_id__in=[j.request_id for j in streams + [bad]]).values_list("request_id", "finish_reason")))
+    assert sorted(rows) == sorted([(j.request_id, "length") for j in streams] + [(bad.request_id, "error")])
+    harness.close()
+    engine.block_manager.check_invariants([])
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_step_that_always_raises_ends_every_request_once_and_stops_intake(engine, harness_factory,
+                                                                             tenant_factory, monkeypatch):
+    from inference.engine import Engine
+
+    broken = Engine(engine.config, loaded=engine.loaded)  # a device that fails every step, on its own engine
+
+    def run(*args, **kwargs):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(broken.runner, "run", run)
+    tenant = tenant_factory()
+    harness = harness_factory(engine=broken)
+    jobs = [chat_job(broken, tenant, f"Question {i}?", max_tokens=8) for i in range(3)]
+    for job in jobs:
+        harness.queue.enqueue(job)
+    for job in jobs:
+        deltas, done = harness.collect(job.reply_channel)
+        assert not deltas and done["finish_reason"] == "error" and "device-side assert" in done["error"]
+        assert record_count(request_id=job.request_id) == 1
+    harness.thread.join(30)
+    assert not harness.thread.is_alive()  # the loop returned: it takes no more work
+    assert harness.loop.draining and broken.dead
+    late = chat_job(broken, tenant, "Anyone there?", max_tokens=4)
+    harness.queue.enqueue(late)
+    assert harness.queue.depth(MODEL, tenant.tier.name) == 1  # queued for a healthy worker
+    assert harness.queue.leases("w-test") == {}
+    broken.block_manager.check_invariants([])
 
 
 def test_a_step_longer_than_the_heartbeat_timeout_does_not_get_the_worker_reaped(engine, harness_factory,

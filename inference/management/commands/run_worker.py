@@ -99,4 +99,7 @@ class Command(BaseCommand):
             raise
         finally:
             sink.close()
+        dead = getattr(loop.engine, "dead", None)
+        if dead:  # a non-zero exit: the supervisor restarts the worker (or an operator looks at the device)
+            raise CommandError(f"worker {loop.worker_id}: {dead}")
         self.stdout.write(f"worker {loop.worker_id}: stopped")
