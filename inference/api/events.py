@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator
 
 from django.conf import settings
 
+from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 from inference.api.responses import ResponseBuilder
 from inference.api.schemas import api_param
-from inference.errors import ApiError, InvalidRequest, ServiceUnavailable
 from inference.protocol import Delta, Done, Event
 
 logger = logging.getLogger(__name__)

@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 
 from inference.protocol import Done, FinishReason, Timing, Usage
 from inference.queue import Job
+from tenants.services.usage import usage_records_insert
 
 from .events import EventSink
 
@@ -52,8 +53,6 @@ def usage_records_safe(records: list[dict[str, Any]]) -> bool:
     Retries a few times on OperationalError (SQLite "database is locked",
     a dropped PostgreSQL connection), reconnecting in between.
     """
-    from tenants.services.usage import usage_records_insert
-
     if not records:
         return True
     ids = [record.get("request_id") for record in records]
@@ -149,7 +148,5 @@ def job_fail(*, job: Job, sink: EventSink, worker_id: str, error: str, prompt_to
 
 def db_connections_close() -> None:
     """Close this thread's database connections (threads never get Django's request signals)."""
-    from django.db import connections
-
     if not connection.in_atomic_block:
         connections.close_all()

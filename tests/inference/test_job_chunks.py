@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from channels.layers import InMemoryChannelLayer
 
+from common.errors import ApiError
 from inference.api.events import JobRun, job_chunks
 from inference.api.replies import reply_channel_get
 from inference.api.responses import ResponseBuilder
 from inference.api.schemas import CHAT, COMPLETIONS
-from inference.errors import ApiError
 from inference.protocol import Batch, Delta, Done, Usage
 
 USAGE = Usage(prompt_tokens=7, cached_tokens=0, completion_tokens=3)
