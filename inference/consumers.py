@@ -31,7 +31,7 @@ import logging
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from common.errors import ApiError, AuthenticationError, InvalidRequest, RateLimited, error_body
-from inference.api.events import done_error
+from inference.api.events import job_chunks
 from inference.api.parsing import json_object_parse
 from inference.api.responses import response_builder, usage_body
 from inference.api.schemas import ENDPOINTS, api_request_parse
@@ -161,26 +161,14 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             builder.include_usage = False  # usage comes in the done frame
             run = await ajob_submit(prepared=prepared)
             entry.run = run
-            async with run:
-                if entry.cancel_requested:
-                    run.cancel()
-                first = builder.role_chunk()
-                if first is not None:
-                    await self._send({"type": "chunk", "id": client_id, "data": first})
-                async for event in run.events():
-                    if event is not None and event.get("type") == "engine.delta":
-                        text, logprobs = event.get("text") or "", event.get("logprobs")
-                        if text or logprobs:
-                            chunk = builder.delta_chunk(text=text, logprobs=logprobs)
-                            await self._send({"type": "chunk", "id": client_id, "data": chunk})
+            if entry.cancel_requested:
+                run.cancel()
+            async with contextlib.aclosing(job_chunks(run, builder)) as chunks:  # closed (job cancelled) on any exit
+                async for chunk in chunks:
+                    await self._send({"type": "chunk", "id": client_id, "data": chunk})
             done = run.done
-            reason = done.get("finish_reason")
-            error = None if (reason == "abort" and entry.cancel_requested) else done_error(done)
-            if error is not None:
-                raise error
-            if reason != "abort":
-                await self._send({"type": "chunk", "id": client_id, "data": builder.finish_chunk(finish_reason=reason, timing=done.get("timing"))})
-            await self._send({"type": "done", "id": client_id, "finish_reason": reason, "usage": usage_body(done.get("usage"))})
+            await self._send({"type": "done", "id": client_id, "finish_reason": done.finish_reason,
+                              "usage": usage_body(done.usage)})
         except asyncio.CancelledError:
             if entry.cancel_requested:  # cancelled by the client (no engine answer in time)
                 with contextlib.suppress(Exception):

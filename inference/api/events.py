@@ -1,26 +1,32 @@
-"""Reading one job's engine events, demultiplexed from its web process's reply channel.
+"""Reading one job's events (inference.protocol), demultiplexed from its web process's reply
+channel, and the response chunks they make.
 
-`JobRun` is an async context manager: leaving it before the job's
-`engine.done` arrived (client disconnect, cancellation, an exception) tells the
-queue to cancel the job, so the engine aborts it within a step and bills only
-what it generated.
+`JobRun` is an async context manager: leaving it before the job's `Done`
+arrived (client disconnect, cancellation, an exception) tells the queue to
+cancel the job, so the engine aborts it within a step and bills only what it
+generated.
 
 The events come from this process's shared reply channel
 (inference.api.replies), which routes each one by request id to the JobRun
 registered for it. Waiting with a timeout only waits on that in-process queue.
+
+`job_chunks` is the one reader of a JobRun's events: the JSON body, the SSE
+stream and the WebSocket frames are all made from the chunks it yields.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 
 from django.conf import settings
 
 from common.errors import ApiError, InvalidRequest, ServiceUnavailable
+from inference.api.responses import ResponseBuilder
+from inference.api.schemas import api_param
+from inference.protocol import Delta, Done, Event
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +64,7 @@ def job_cancel(*, request_id: str) -> None:
 
 
 class JobRun:
-    """The events of one queued job: `engine.delta`s, then exactly one `engine.done`.
+    """The events of one queued job: `Delta`s, then exactly one `Done`.
 
     Registered on `reply` when made (before the job is queued, so no event can
     arrive before anyone waits for it); unregistered by `aclose()`.
@@ -69,7 +75,7 @@ class JobRun:
         self.channel = reply.name
         self.request_id = request_id
         self.model = model
-        self.done: dict | None = None
+        self.done: Done | None = None
         self.cancelled = False
         self._mailbox = reply.register(request_id)
         self._closed = False
@@ -82,7 +88,7 @@ class JobRun:
         await self.aclose()
 
     def cancel(self) -> None:
-        """Cancel the job in the queue/engine; its `engine.done` ("abort") still arrives."""
+        """Cancel the job in the queue/engine; its `Done` ("abort") still arrives."""
         if self.done is None and not self.cancelled:
             self.cancelled = True
             job_cancel(request_id=self.request_id)
@@ -97,17 +103,17 @@ class JobRun:
         self.cancel()
         self.release()
 
-    async def next_event(self, timeout: float | None) -> dict | None:
+    async def next_event(self, timeout: float | None) -> Event | None:
         """The next event of this job, or None when `timeout` seconds pass without one."""
         if not await self._mailbox.wait(timeout):
             return None  # nothing is taken while waiting: no event is lost between ticks
-        message = self._mailbox.get_nowait()
-        if message.get("type") == "engine.done":
-            self.done = message
-        return message
+        event = self._mailbox.get_nowait()
+        if type(event) is Done:
+            self.done = event
+        return event
 
-    async def events(self, *, idle_s: float | None = None) -> AsyncIterator[dict | None]:
-        """Yield events until `engine.done` (included); None on every `idle_s` without one.
+    async def events(self, *, idle_s: float | None = None) -> AsyncIterator[Event | None]:
+        """Yield events until the `Done` (included); None on every `idle_s` without one.
 
         While idle, a job whose model has no live worker left (separate worker
         processes only) is cancelled and ends with a 503 instead of waiting forever.
@@ -140,26 +146,51 @@ class JobRun:
             )
 
 
-_PARAM_SUFFIX = re.compile(r"^(?P<message>.*) \(param: (?P<param>[\w.\[\]]+)\)$", re.DOTALL)
-
-
-def done_error(done: dict) -> ApiError | None:
+def done_error(done: Done, *, endpoint: str, max_tokens_param: str = "max_tokens") -> ApiError | None:
     """The error a finished job ended with, if any (an `abort` we did not ask for counts).
 
     The engine re-validates each request when the worker adds it; a failure
-    there names the parameter (`error_param`, or the worker's "... (param: X)"
-    suffix) and is the client's fault: 400, not 500.
+    there names the parameter (`error_param`, in the engine's names) and is the
+    client's fault: 400 for the client's name of that parameter, not 500.
     """
-    reason = done.get("finish_reason")
+    reason = done.finish_reason
     if reason == "error":
-        error = str(done.get("error") or "unknown error")
-        param = done.get("error_param")
-        match = _PARAM_SUFFIX.match(error)
-        if param is None and match is not None:
-            error, param = match.group("message"), match.group("param")
-        if param:
+        error = done.error or "unknown error"
+        if done.error_param:
+            param = api_param(done.error_param, endpoint=endpoint, max_tokens_param=max_tokens_param)
             return InvalidRequest(error, param=param, code="invalid_value")
         return EngineFailed(f"The engine failed while generating: {error}")
     if reason == "abort":
         return EngineFailed("The request was aborted by the server before it finished.", code="aborted")
     return None
+
+
+async def job_chunks(run: JobRun, builder: ResponseBuilder, *, keepalive: bool = False) -> AsyncIterator[dict | None]:
+    """The response chunks of one job, in order: the role chunk (chat), a content chunk per `Delta`
+    with text or logprobs, the finish chunk, then the usage chunk when `builder.include_usage`;
+    with `keepalive`, None after each idle interval (settings.SSE_KEEPALIVE_S).
+
+    Leaving early cancels the job (JobRun's context). A job that failed raises
+    its ApiError after its content; one this side cancelled (`run.cancel()`, a
+    client's cancel frame) ends after its content, without a finish chunk: its
+    `Done` ("abort", with the usage of what it generated) is `run.done`.
+    """
+    async with run:
+        first = builder.role_chunk()
+        if first is not None:
+            yield first
+        async for event in run.events():
+            if event is None:
+                if keepalive:
+                    yield None
+            elif type(event) is Delta and (event.text or event.logprobs):
+                yield builder.delta_chunk(text=event.text, logprobs=event.logprobs)
+    done = run.done
+    if done.finish_reason == "abort" and run.cancelled:
+        return
+    error = done_error(done, endpoint=builder.endpoint, max_tokens_param=builder.max_tokens_param)
+    if error is not None:
+        raise error
+    yield builder.finish_chunk(finish_reason=done.finish_reason, timing=done.timing)
+    if builder.include_usage:
+        yield builder.usage_chunk(usage=done.usage)

@@ -1,14 +1,11 @@
 """One reply channel per web process (per event loop), demultiplexed to the waiting requests.
 
-Contract with the workers (inference.worker.events sends):
+Contract with the workers (the events and their batches: inference.protocol):
 - Every Job of this process carries the same `reply_channel`: this process's
   channel, one per (channel layer, event loop); on the Redis layer a
   single-reader channel `reply.<layer client prefix>.<random>!` with a key of
   its own (inference.channel_layer).
-- A worker sends each reply channel at most one message per engine step,
-  `{"type": "engine.events", "events": [event, ...]}`: in order, every
-  `engine.delta` / `engine.done` of that step for the jobs of that channel.
-  A bare `engine.delta` / `engine.done` message is accepted too (one event).
+- A worker sends each reply channel at most one `Batch` per engine step.
 - Each event names its `request_id`. `ReplyChannel` hands it to the JobRun
   registered for that id in this process, and to nobody else: request ids are
   server-made uuid4s, registered before their job is queued and unregistered
@@ -17,13 +14,12 @@ Contract with the workers (inference.worker.events sends):
 
 Why: with a channel per request, channels_redis pops one message (three Redis
 round trips) at a time through one receive loop per process, a message per
-generated token; at 32 streams that queueing cost the Redis mode a fifth of
-its throughput (BENCHMARKS.md, serving). Now it is one message per process
-per engine step.
+generated token, and under many streams that queue, not the engine, set the
+Redis mode's throughput. Now it is one message per process per engine step.
 
 An engine in this same process (the embedded worker) skips the channel layer:
-the sink calls `deliver` on the reply channel's event loop directly
-(inference.worker.events, in-process receivers); the message is the same.
+the worker's sink calls `deliver` on the reply channel's event loop directly
+with the `Batch` itself (inference.protocol, in-process delivery).
 
 The receive loop runs only while requests wait: when the last one leaves, the
 loop sends itself `reply.stop` and ends on reading it. A receive is never
@@ -39,22 +35,11 @@ import weakref
 from collections import deque
 from typing import Any
 
-from inference.worker.events import EVENTS, local_receiver_register
+from inference.protocol import Batch, Event, local_receiver_register
 
 logger = logging.getLogger(__name__)
 
 STOP = "reply.stop"
-EVENT_TYPES = frozenset({"engine.delta", "engine.done"})
-
-
-def events_unpack(message: dict) -> list[dict]:
-    """The events one reply-channel message carries (a batch, or one bare event)."""
-    kind = message.get("type")
-    if kind == EVENTS:
-        return [event for event in message.get("events") or () if isinstance(event, dict)]
-    if kind in EVENT_TYPES:
-        return [message]
-    return []
 
 
 class Mailbox:
@@ -73,13 +58,13 @@ class Mailbox:
         self._waiter: asyncio.Future | None = None
         self.closed = False
 
-    def put_nowait(self, event: dict) -> None:
+    def put_nowait(self, event: Event) -> None:
         self._events.append(event)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(True)
 
-    def get_nowait(self) -> dict:
+    def get_nowait(self) -> Event:
         """The oldest event (IndexError when there is none)."""
         return self._events.popleft()
 
@@ -201,20 +186,20 @@ class ReplyChannel:
                 if not self._waiting:
                     return
                 continue
-            self.deliver(message)
-            # the requests this woke write their events before the next pop is sent (a Redis
-            # command written first delayed each step's first token, 0.24 -> 0.14 ms p50 traced)
+            self.deliver(Batch.decode(message))
+            # the requests this woke write their events before the next pop is sent: a Redis
+            # command written first would delay each step's first token
             await asyncio.sleep(0)
 
-    def deliver(self, message: dict) -> None:
-        """Hand each event of `message` to the request it names, if it waits here."""
-        for event in events_unpack(message):
-            mailbox = self._waiting.get(event.get("request_id"))
+    def deliver(self, batch: Batch) -> None:
+        """Hand each event of `batch` to the request it names, if it waits here."""
+        for event in batch.events:
+            mailbox = self._waiting.get(event.request_id)
             if mailbox is not None:
                 mailbox.put_nowait(event)
             else:
                 logger.debug("reply channel %s: event for %s, which nobody here waits for",
-                             self.name, event.get("request_id"))
+                             self.name, event.request_id)
 
 
 _channels: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ReplyChannel]" = weakref.WeakKeyDictionary()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from inference.api.schemas import CHAT
+from inference.protocol import Timing, Usage
 
 FINGERPRINT_VERSION = "llm-platform-1"
 
@@ -37,30 +38,29 @@ def response_id(*, endpoint: str, request_id: str) -> str:
     return f"chatcmpl-{request_id}" if endpoint == CHAT else f"cmpl-{request_id}"
 
 
-def usage_body(usage: dict | None) -> dict:
-    """OpenAI `usage` from the engine's {prompt_tokens, cached_tokens, completion_tokens, cost?}.
+def usage_body(usage: Usage | None) -> dict:
+    """OpenAI `usage` from a job's (inference.protocol.Usage).
 
-    `cost` (an extension: {"currency": "usd", "input", "cached_input", "output",
-    "total"} as decimal strings, billing's frozen cost) is passed through when
-    the worker priced the request; the openai SDK reads it as
+    `cost` (an extension, billing's frozen cost: {"currency": "usd", "input",
+    "cached_input", "output", "total"} as decimal strings) is passed through
+    when the worker priced the request; the openai SDK reads it as
     `usage.model_extra["cost"]`.
     """
-    usage = usage or {}
-    prompt = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or 0)
+    usage = usage or Usage()
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     body = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": int(usage.get("cached_tokens") or 0)},
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": 0},
     }
-    if usage.get("cost"):
-        body["cost"] = usage["cost"]
+    if usage.cost:
+        body["cost"] = usage.cost
     return body
 
 
-def timing_body(timing: dict | None) -> dict:
+def timing_body(timing: Timing | None) -> dict:
     """Extension (`stream_options.include_timing`): the worker's clocks for this request, in seconds.
 
     queued_s: enqueue to engine start; ttft_s: enqueue to first token; e2e_s:
@@ -68,9 +68,7 @@ def timing_body(timing: dict | None) -> dict:
     same measured by the engine from its own add_request. benchmarks/serving.py
     subtracts them from client-side latencies to isolate the gateway's share.
     """
-    timing = timing or {}
-    keys = ("queued_s", "ttft_s", "e2e_s", "engine_queued_s", "engine_ttft_s", "engine_e2e_s")
-    return {key: timing.get(key) for key in keys}
+    return (timing or Timing()).encode()
 
 
 def _token_bytes(entry: dict) -> list[int]:
@@ -124,7 +122,11 @@ class ResponseBuilder:
     include_usage: bool = False
     include_timing: bool = False
     want_logprobs: bool = False
+    max_tokens_param: str = "max_tokens"  # the name the client used, for error params
+    collect: bool = False  # delta_chunk also keeps the text and logprobs for `collected()`
     _offset: int = field(default=0)
+    _texts: list[str] = field(default_factory=list)
+    _entries: list[dict] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -154,7 +156,7 @@ class ResponseBuilder:
         return result
 
     # ------------------------------------------------------------ whole responses
-    def completion(self, *, text: str, finish_reason: str, usage: dict | None, logprobs: list[dict] | None) -> dict:
+    def completion(self, *, text: str, finish_reason: str, usage: Usage | None, logprobs: list[dict] | None) -> dict:
         body = self._head("chat.completion" if self.is_chat else "text_completion")
         self._offset = 0
         lp = self._logprobs(logprobs if self.want_logprobs else None)
@@ -170,6 +172,11 @@ class ResponseBuilder:
         body["choices"] = [choice]
         body["usage"] = usage_body(usage)
         return body
+
+    def collected(self, *, finish_reason: str, usage: Usage | None) -> dict:
+        """The whole response of the content chunks made so far (with `collect`)."""
+        return self.completion(text="".join(self._texts), finish_reason=finish_reason, usage=usage,
+                               logprobs=self._entries if self.want_logprobs else None)
 
     # ------------------------------------------------------------ stream chunks
     def _chunk(self, choices: list[dict]) -> dict:
@@ -188,12 +195,16 @@ class ResponseBuilder:
         )
 
     def delta_chunk(self, *, text: str, logprobs: list[dict] | None = None) -> dict:
+        if self.collect:
+            self._texts.append(text)
+            if logprobs:
+                self._entries.extend(logprobs)
         lp = self._logprobs(logprobs)
         if self.is_chat:
             return self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}])
         return self._chunk([{"text": text, "index": 0, "logprobs": lp, "finish_reason": None}])
 
-    def finish_chunk(self, *, finish_reason: str, timing: dict | None = None) -> dict:
+    def finish_chunk(self, *, finish_reason: str, timing: Timing | None = None) -> dict:
         if self.is_chat:
             body = self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
         else:
@@ -202,7 +213,7 @@ class ResponseBuilder:
             body["timing"] = timing_body(timing)
         return body
 
-    def usage_chunk(self, *, usage: dict | None) -> dict:
+    def usage_chunk(self, *, usage: Usage | None) -> dict:
         body = self._head("chat.completion.chunk" if self.is_chat else "text_completion")
         body["choices"] = []
         body["usage"] = usage_body(usage)
@@ -220,4 +231,6 @@ def response_builder(*, prepared) -> ResponseBuilder:
         include_usage=request.include_usage,
         include_timing=request.include_timing,
         want_logprobs=request.logprobs is not None,
+        max_tokens_param=request.max_tokens_param,
+        collect=not request.stream,
     )

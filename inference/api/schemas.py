@@ -57,6 +57,19 @@ class ApiRequest:
         return "messages" if self.endpoint == CHAT else "prompt"
 
 
+def api_param(param: str | None, *, endpoint: str, max_tokens_param: str = "max_tokens") -> str | None:
+    """The client's name for a request parameter the engine names (EngineValidationError.param, in
+    the completions API's terms): a chat prompt is `messages`, a chat's top_logprobs is its own, a
+    completion's is `logprobs`, and max_tokens is whichever name the client sent."""
+    if param == "prompt":
+        return "messages" if endpoint == CHAT else "prompt"
+    if param == "top_logprobs" and endpoint != CHAT:
+        return "logprobs"
+    if param == "max_tokens":
+        return max_tokens_param
+    return param
+
+
 # ---------------------------------------------------------------- shared fields
 def _stop(body: dict) -> list[str]:
     value = body.get("stop")

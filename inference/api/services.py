@@ -19,7 +19,7 @@ from django.conf import settings
 from common.cache import TtlCache
 from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
-from inference.api.schemas import CHAT, ApiRequest
+from inference.api.schemas import CHAT, ApiRequest, api_param
 
 logger = logging.getLogger(__name__)
 
@@ -142,11 +142,7 @@ def sampling_build(*, request: ApiRequest, max_tokens: int, vocab_size: int | No
         params = SamplingParams(max_tokens=max_tokens, logprobs=request.logprobs, **request.sampling)
         params.validate(vocab_size=vocab_size)
     except EngineValidationError as exc:
-        param = exc.param
-        if param == "max_tokens":
-            param = request.max_tokens_param
-        elif param == "top_logprobs" and request.endpoint != CHAT:
-            param = "logprobs"
+        param = api_param(exc.param, endpoint=request.endpoint, max_tokens_param=request.max_tokens_param)
         raise InvalidRequest(exc.message, param=param, code="invalid_value") from None
     return params.to_dict()
 

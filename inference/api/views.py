@@ -16,6 +16,7 @@ An error after the stream began is one `data: {"error": {...}}` event.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -27,7 +28,7 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from common.errors import ApiError, InvalidRequest, error_body, error_json_response
-from inference.api.events import JobRun, done_error
+from inference.api.events import JobRun, job_chunks
 from inference.api.parsing import json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
 from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse
@@ -75,46 +76,19 @@ def _body(request) -> dict:
 
 
 async def _collect(run: JobRun, builder: ResponseBuilder) -> dict:
-    """Await a job to its end and build the whole response body."""
-    texts: list[str] = []
-    logprobs: list[dict] = []
-    async with run:
-        async for event in run.events():
-            if event is not None and event.get("type") == "engine.delta":
-                texts.append(event.get("text") or "")
-                if event.get("logprobs"):
-                    logprobs.extend(event["logprobs"])
-    error = done_error(run.done)
-    if error is not None:
-        raise error
-    return builder.completion(
-        text="".join(texts),
-        finish_reason=run.done["finish_reason"],
-        usage=run.done.get("usage"),
-        logprobs=logprobs if builder.want_logprobs else None,
-    )
+    """Await a job to its end and build the whole response body (from the same chunks a stream gets)."""
+    async with contextlib.aclosing(job_chunks(run, builder)) as chunks:  # closed (job cancelled) on any exit
+        async for _chunk in chunks:
+            pass
+    return builder.collected(finish_reason=run.done.finish_reason, usage=run.done.usage)
 
 
 async def _stream(run: JobRun, builder: ResponseBuilder) -> AsyncIterator[bytes]:
     """SSE events of one job; leaving early (disconnect) cancels it through `run`."""
     try:
-        async with run:
-            first = builder.role_chunk()
-            if first is not None:
-                yield _sse(first)
-            async for event in run.events():
-                if event is None:
-                    yield b": keep-alive\n\n"
-                elif event.get("type") == "engine.delta":
-                    text, logprobs = event.get("text") or "", event.get("logprobs")
-                    if text or logprobs:
-                        yield _sse(builder.delta_chunk(text=text, logprobs=logprobs))
-            error = done_error(run.done)
-            if error is not None:
-                raise error
-            yield _sse(builder.finish_chunk(finish_reason=run.done["finish_reason"], timing=run.done.get("timing")))
-            if builder.include_usage:
-                yield _sse(builder.usage_chunk(usage=run.done.get("usage")))
+        async with contextlib.aclosing(job_chunks(run, builder, keepalive=True)) as chunks:
+            async for chunk in chunks:
+                yield b": keep-alive\n\n" if chunk is None else _sse(chunk)
         yield b"data: [DONE]\n\n"
     except ApiError as exc:
         yield _sse(exc.body())

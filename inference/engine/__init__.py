@@ -11,6 +11,7 @@ _EXPORTS = {
     "EngineConfig": "inference.engine.config",
     "SamplingParams": "inference.engine.sampling_params",
     "EngineValidationError": "inference.engine.sampling_params",
+    "PromptTooLongError": "inference.engine.sampling_params",
     "EngineDeadError": "inference.engine.step_isolation",
     "RequestOutput": "inference.engine.outputs",
     "Usage": "inference.engine.outputs",

@@ -55,7 +55,7 @@ from inference.engine.logprobs import LogprobFormatter
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import RequestOutput, Timing, Usage
 from inference.engine.sampler import PendingSample, Sampler
-from inference.engine.sampling_params import EngineValidationError, SamplingParams
+from inference.engine.sampling_params import EngineValidationError, PromptTooLongError, SamplingParams
 from inference.engine.scheduler import Scheduler
 from inference.engine.scheduler_policy import PriorityPolicy
 from inference.engine.sequence import Sequence, SeqStatus
@@ -132,28 +132,26 @@ class Engine(StepFailures, AsyncSchedulingSteps):
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                    priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
-                    *, prompt_param: str = "prompt") -> None:
-        """Validate and queue a request. Raises EngineValidationError (param: the OpenAI
-        parameter; `prompt_param` names the prompt's, "messages" for chat).
-        Raises EngineDeadError once the engine is dead."""
+                    priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None) -> None:
+        """Validate and queue a request. Raises EngineValidationError (`param`: the request parameter at
+        fault), PromptTooLongError when the prompt and its completion do not fit; EngineDeadError once
+        the engine is dead."""
         if self.dead is not None:
             raise EngineDeadError(self.dead)
         sampling.validate(vocab_size=self.vocab_size)
         n = len(prompt_token_ids)
         if n == 0:
-            raise EngineValidationError("The prompt must contain at least one token.", prompt_param)
+            raise EngineValidationError("The prompt must contain at least one token.", "prompt")
         if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_token_ids):
-            raise EngineValidationError("The prompt contains an invalid token id.", prompt_param)
+            raise EngineValidationError("The prompt contains an invalid token id.", "prompt")
         max_tokens = sampling.max_tokens if sampling.max_tokens is not None else self.max_model_len - n
         if max_tokens < 1 or n + max_tokens > self.max_model_len:
-            raise EngineValidationError(
+            raise PromptTooLongError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max_tokens} for the completion).",
-                prompt_param,
+                f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max_tokens} for the completion)."
             )
         if self.block_manager.blocks_needed(n + max_tokens) > self.block_manager.num_blocks:
-            raise EngineValidationError("The request needs more KV cache than this engine has.", prompt_param)
+            raise PromptTooLongError("The request needs more KV cache than this engine has.")
         seq = Sequence(request_id, prompt_token_ids, sampling, max_tokens=max_tokens, priority=priority,
                        cache_salt=cache_salt, arrival_time=arrival_time)
         if sampling.seed is not None:

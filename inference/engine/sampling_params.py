@@ -1,7 +1,10 @@
 """Per-request sampling parameters and their validation.
 
-Validation raises EngineValidationError whose `.param` names the OpenAI request
-parameter at fault, so the API can answer a 400 with the right `param`.
+Validation raises EngineValidationError whose `.param` names the request
+parameter at fault, so the API can answer a 400 with the right `param`. The
+engine's names are the completions API's ("prompt", "max_tokens", "top_p",
+"top_logprobs", ...); the API maps them to the client's where they differ
+("messages" for a chat prompt).
 """
 
 from __future__ import annotations
@@ -18,6 +21,13 @@ class EngineValidationError(ValueError):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+class PromptTooLongError(EngineValidationError):
+    """The prompt and its completion do not fit this engine (its context length, or its KV cache)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "prompt")
 
 
 def _is_int(value) -> bool:

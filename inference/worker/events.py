@@ -1,24 +1,19 @@
-"""Sending worker events (engine.delta / engine.done) to reply channels.
+"""Sending a worker's events (inference.protocol) to reply channels.
 
 The worker loop is plain synchronous code; channel layers are asyncio. An
 `EventSink` owns the bridge: the loop hands it events without waiting, and one
-drain task on an event loop sends them.
-
-Wire format (read by inference.api.replies): the events are batched per reply
-channel. Whatever piled up since the last send (one engine step's deltas, and
-the done events of the requests that ended) goes to each reply channel as ONE
-message, `{"type": "engine.events", "events": [event, ...]}`, in the order the
-loop handed them over. Reply channels are per web process, not per request, so
-that is one channel-layer message per web process per step whatever the number
-of streams; the web process routes each event by its `request_id`.
+drain task on an event loop sends them. Whatever piled up since the last send
+(one engine step's deltas, and the done events of the requests that ended)
+goes to each reply channel as ONE `Batch`, in the order the loop handed the
+events over (the protocol module says why).
 
 In-process receivers: a reply channel whose reader lives in this process
 (the embedded worker's web process) registers itself with
-`local_receiver_register`. The sink then hands that channel's batch straight
-to the receiver on its own event loop, in the same loop callback that takes
-the batch from the engine thread: the same one message per step, without two
-trips through the channel layer's queues (each a loop iteration behind every
-other stream's work).
+`inference.protocol.local_receiver_register`. The sink then hands that
+channel's `Batch` straight to the receiver on its own event loop, in the same
+loop callback that takes the events from the engine thread: the same one batch
+per step, neither encoded nor sent twice through the channel layer's queues
+(each a loop iteration behind every other stream's work).
 
 Which event loop:
 - Redis channel layer (separate worker processes): a private loop in a daemon
@@ -35,21 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
+
+from inference.protocol import Batch, Event, local_receiver_get, local_receivers_any
 
 logger = logging.getLogger(__name__)
 
 _bound_loop: asyncio.AbstractEventLoop | None = None
-
-EVENTS = "engine.events"
-
-
-def events_message(events: list[dict]) -> dict:
-    """One reply-channel message carrying `events` in order (see the module docstring)."""
-    return {"type": EVENTS, "events": events}
-
 
 def bind_event_loop(loop: asyncio.AbstractEventLoop) -> None:
     """Record the web server's event loop for the embedded worker's deliveries."""
@@ -60,15 +48,6 @@ def bind_event_loop(loop: asyncio.AbstractEventLoop) -> None:
 def bound_event_loop() -> asyncio.AbstractEventLoop | None:
     loop = _bound_loop
     return None if loop is None or loop.is_closed() else loop
-
-
-# reply channel name -> its reader in this process: has `.loop` and `.deliver(message)` (inference.api.replies)
-_local_receivers: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
-
-
-def local_receiver_register(name: str, receiver: Any) -> None:
-    """Deliver `name`'s batches to `receiver` directly when they are sent on its event loop."""
-    _local_receivers[name] = receiver
 
 
 class _Drain:
@@ -101,22 +80,22 @@ class _Drain:
         except Exception:  # noqa: BLE001 - closing down anyway
             pass
 
-    def put(self, batch: list[tuple[str, dict]], sent: threading.Event | None = None) -> None:
+    def put(self, batch: list[tuple[str, Event]], sent: threading.Event | None = None) -> None:
         self.loop.call_soon_threadsafe(self._put, batch, sent)
 
-    def _put(self, batch: list[tuple[str, dict]], sent: threading.Event | None) -> None:
-        rest = self._deliver_local(batch) if _local_receivers else batch
+    def _put(self, batch: list[tuple[str, Event]], sent: threading.Event | None) -> None:
+        rest = self._deliver_local(batch) if local_receivers_any() else batch
         if rest:
             self.queue.put_nowait((rest, sent))
         elif sent is not None:
             sent.set()
 
-    def _deliver_local(self, batch: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    def _deliver_local(self, batch: list[tuple[str, Event]]) -> list[tuple[str, Event]]:
         """Hand the batches of this loop's in-process reply channels over now; the rest is sent."""
-        local: dict[str, tuple[Any, list[dict]]] = {}
-        rest: list[tuple[str, dict]] = []
+        local: dict[str, tuple[Any, list[Event]]] = {}
+        rest: list[tuple[str, Event]] = []
         for channel, event in batch:
-            receiver = _local_receivers.get(channel)
+            receiver = local_receiver_get(channel)
             if receiver is not None and receiver.loop is self.loop:
                 local.setdefault(channel, (receiver, []))[1].append(event)
             else:
@@ -125,7 +104,7 @@ class _Drain:
         for channel, (receiver, events) in local.items():
             count += len(events)
             try:
-                receiver.deliver(events_message(events))
+                receiver.deliver(Batch(events))
             except Exception:  # noqa: BLE001 - one broken reader must not stop the others
                 logger.exception("in-process delivery of %d events to %s failed", len(events), channel)
         if count:
@@ -137,7 +116,7 @@ class _Drain:
             batches = [await self.queue.get()]
             while not self.queue.empty():
                 batches.append(self.queue.get_nowait())
-            by_channel: dict[str, list[dict]] = {}
+            by_channel: dict[str, list[Event]] = {}
             count = 0
             for batch, _sent in batches:
                 for channel, event in batch:
@@ -149,12 +128,12 @@ class _Drain:
                 if sent is not None:
                     sent.set()
 
-    async def _send_batch(self, channel: str, events: list[dict]) -> None:
+    async def _send_batch(self, channel: str, events: list[Event]) -> None:
         try:
-            await self.sink.layer.send(channel, events_message(events))
+            await self.sink.layer.send(channel, Batch(events).encode())
         except Exception as exc:  # noqa: BLE001 - a full or broken channel must not stop the others
             logger.warning("could not deliver %d events (%s...) to %s: %s", len(events),
-                           events[0].get("request_id"), channel, exc)
+                           events[0].request_id, channel, exc)
 
 
 class EventSink:
@@ -194,14 +173,14 @@ class EventSink:
             threading.Thread(target=self._own_loop.run_forever, name="event-sink", daemon=True).start()
         return self._own_loop
 
-    def send_many(self, items: list[tuple[str, dict]], *, wait_s: float = 0.0) -> None:
+    def send_many(self, items: list[tuple[str, Event]], *, wait_s: float = 0.0) -> None:
         """Hand `items` over; with `wait_s`, also wait (at most that long) until they are sent.
 
         The caller (the engine thread) holds the GIL through the Python of its
         next step: the sending loop's thread could not run until the step's
-        first native call, 0.8 ms later at the median on a 2-core VM (BENCHMARKS.md,
-        serving). Waiting on an Event releases the GIL, and the events go out
-        at once; the worker waits only for steps that carry first tokens.
+        first native call, which delays every first token. Waiting on an Event
+        releases the GIL, and the events go out at once; the worker waits only
+        for steps that carry first tokens.
         """
         if not items:
             return
@@ -224,8 +203,8 @@ class EventSink:
         if sent is not None:
             sent.wait(wait_s)
 
-    def send(self, channel: str, message: dict) -> None:
-        self.send_many([(channel, message)])
+    def send(self, channel: str, event: Event) -> None:
+        self.send_many([(channel, event)])
 
     def _sent(self, count: int) -> None:
         with self._idle:

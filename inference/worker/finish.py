@@ -1,4 +1,4 @@
-"""Ending a request: its usage record, then its one engine.done event.
+"""Ending a request: its usage record, then its one `Done` event (inference.protocol).
 
 The record is written before the event, so a client that sees the end of its
 stream can already find the record. Both the worker loop and the reaper end
@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 
 from billing.services.usage import usage_records_insert
+from inference.protocol import Done, FinishReason, Timing, Usage
 from inference.queue import Job
 
 from .events import EventSink
@@ -24,34 +26,24 @@ from .events import EventSink
 logger = logging.getLogger(__name__)
 
 
-def delta_event(*, request_id: str, text: str, token_ids: list[int], logprobs: list | None) -> dict[str, Any]:
-    return {"type": "engine.delta", "request_id": request_id, "text": text, "token_ids": list(token_ids), "logprobs": logprobs}
+@dataclass
+class ActiveRequest:
+    job: Job
+    leased_at: float  # unix time
+    started: bool = False  # lease flagged started: events may have reached the client
+    first_token_at: float | None = None
+    completion_tokens: int = 0
+    aborting: bool = False  # cancelled by the client, abort sent to the engine
 
+    def tokens_so_far(self) -> dict[str, int]:
+        """What a request ended early is billed: its prompt only once a token was generated."""
+        return {"prompt_tokens": len(self.job.prompt_token_ids) if self.completion_tokens else 0,
+                "completion_tokens": self.completion_tokens}
 
-def done_event(
-    *,
-    request_id: str,
-    finish_reason: str,
-    prompt_tokens: int,
-    cached_tokens: int,
-    completion_tokens: int,
-    timing: dict[str, Any],
-    error: str | None = None,
-    stop_reason: Any = None,
-    error_param: str | None = None,
-) -> dict[str, Any]:
-    event = {
-        "type": "engine.done",
-        "request_id": request_id,
-        "finish_reason": finish_reason,
-        "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "completion_tokens": completion_tokens},
-        "timing": timing,
-        "error": error,
-        "stop_reason": stop_reason,
-    }
-    if error_param is not None:
-        event["error_param"] = error_param  # the OpenAI parameter at fault (EngineValidationError.param)
-    return event
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds from the enqueue to the first token, if there was one."""
+        return None if self.first_token_at is None else max(0.0, self.first_token_at - self.job.enqueued_at)
 
 
 def usage_records_safe(records: list[dict[str, Any]]) -> bool:
@@ -95,19 +87,19 @@ def job_ending(
     *,
     job: Job,
     worker_id: str,
-    finish_reason: str,
+    finish_reason: FinishReason,
     prompt_tokens: int = 0,
     cached_tokens: int = 0,
     completion_tokens: int = 0,
     queued_s: float | None = None,
     ttft_s: float | None = None,
     error: str | None = None,
-    stop_reason: Any = None,
-    extra_timing: dict[str, Any] | None = None,
+    engine_timing: Any = None,
     now: float | None = None,
     error_param: str | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(usage record fields, done event) of a request ending now. Times are seconds since job.enqueued_at."""
+) -> tuple[dict[str, Any], Done]:
+    """(usage record fields, done event) of a request ending now. Times are seconds since job.enqueued_at;
+    `engine_timing` is the engine's own (its RequestOutput.timing), if it ran the request."""
     now = time.time() if now is None else now
     e2e_s = max(0.0, now - job.enqueued_at)
     queued_s = e2e_s if queued_s is None else max(0.0, queued_s)
@@ -129,16 +121,16 @@ def job_ending(
         "worker_id": worker_id,
         "admitted_at": job.enqueued_at,  # picks the price version (billing)
     }
-    timing = {"queued_s": queued_s, "ttft_s": ttft_s, "e2e_s": e2e_s, **(extra_timing or {})}
-    event = done_event(
-        request_id=job.request_id, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens, completion_tokens=completion_tokens, timing=timing, error=error,
-        stop_reason=stop_reason, error_param=error_param,
-    )
-    cost = _cost(record)
-    if cost is not None:
-        event["usage"]["cost"] = cost
-    return record, event
+    timing = Timing(queued_s=queued_s, ttft_s=ttft_s, e2e_s=e2e_s)
+    if engine_timing is not None:
+        timing.engine_queued_s = getattr(engine_timing, "queued_s", None)
+        timing.engine_ttft_s = getattr(engine_timing, "ttft_s", None)
+        timing.engine_e2e_s = getattr(engine_timing, "e2e_s", None)
+    done = Done(request_id=job.request_id, finish_reason=finish_reason,
+                usage=Usage(prompt_tokens, cached_tokens, completion_tokens, cost=_cost(record)), timing=timing,
+                error=error,
+                error_param=error_param)
+    return record, done
 
 
 def _cost(record: dict[str, Any]) -> dict[str, str] | None:
@@ -169,3 +161,9 @@ def job_fail(*, job: Job, sink: EventSink, worker_id: str, error: str, prompt_to
         job=job, sink=sink, worker_id=worker_id, finish_reason="error", error=error,
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, error_param=error_param,
     )
+
+
+def db_connections_close() -> None:
+    """Close this thread's database connections (threads never get Django's request signals)."""
+    if not connection.in_atomic_block:
+        connections.close_all()

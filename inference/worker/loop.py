@@ -3,18 +3,17 @@
     loop = WorkerLoop(queue=q, model="smollm2-135m-instruct", engine_factory=make_engine, sink=EventSink())
     loop.run()            # until request_drain() (SIGTERM) has finished the work in hand
 
-Each pass: heartbeat (every ~1 s; during a step longer than that, a side
-thread repeats the last heartbeat so a slow step never looks like a dead
-worker), reap dead workers (every few seconds),
-abort what clients cancelled, end jobs dropped from the queue, lease new jobs
-when the engine has room, then one engine step whose outputs become
-engine.delta events and, for finished requests, a usage record and one
-engine.done. An error in one request ends that request with finish_reason
-"error" (the engine pins a failing step to the requests that made it fail);
-an error the engine lets through ends every request in the engine; neither
-stops the loop. An engine that declares itself dead (a broken device: every
-request failed alone) has ended its requests once: the loop stops taking
-work and returns once the requests in hand are finished.
+Each pass: heartbeat (every ~1 s: inference.worker.heartbeat), reap dead
+workers (every few seconds), abort what clients cancelled, end jobs dropped
+from the queue, lease new jobs when the engine has room, then one engine step
+whose outputs become `Delta` events (inference.protocol) and, for finished
+requests, a usage record and one `Done`, both from the finisher thread
+(inference.worker.finisher). An error in one request ends that request with
+finish_reason "error" (the engine pins a failing step to the requests that
+made it fail); an error the engine lets through ends every request in the
+engine; neither stops the loop. An engine that declares itself dead (a broken
+device: every request failed alone) has ended its requests once: the loop
+stops taking work and returns once the requests in hand are finished.
 
 Room: the worker holds at most max_num_seqs + prefetch jobs and leases nothing
 while `prefetch` or more wait inside the engine (KV cache full). The rest stay
@@ -29,18 +28,20 @@ import os
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
+from inference.engine.sampling_params import EngineValidationError, SamplingParams
+from inference.protocol import Delta
 from inference.queue import Job, JobQueue, ReapResult
 
 from .events import EventSink
-from .finish import delta_event, job_ending, job_fail, job_finish, usage_records_safe
-from .heartbeat import heartbeat_info
-from .reaper import dead_workers_reap, reap_result_finish
+from .finish import ActiveRequest, db_connections_close, job_fail, job_finish
+from .finisher import Finisher
+from .heartbeat import Heartbeats
+from .marks import StartMarks
+from .reaper import dead_workers_reap, dropped_jobs_finish, reap_result_finish
+from .serving_engine import ServingEngine
 
 logger = logging.getLogger(__name__)
 
@@ -53,39 +54,15 @@ def default_worker_id(model: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{model}:{os.urandom(3).hex()}"
 
 
-@dataclass
-class _Active:
-    job: Job
-    leased_at: float  # unix time
-    started: bool = False  # lease flagged started: events may have reached the client
-    first_token_at: float | None = None
-    completion_tokens: int = 0
-    aborting: bool = False  # cancelled by the client, abort sent to the engine
-
-    def tokens_so_far(self) -> dict[str, int]:
-        """What a request ended early is billed: its prompt only once a token was generated."""
-        return {"prompt_tokens": len(self.job.prompt_token_ids) if self.completion_tokens else 0,
-                "completion_tokens": self.completion_tokens}
-
-    @property
-    def ttft_s(self) -> float | None:
-        """Seconds from the enqueue to the first token, if there was one."""
-        return None if self.first_token_at is None else max(0.0, self.first_token_at - self.job.enqueued_at)
-
-
 class WorkerLoop:
-    # Steps' worth of finished requests whose records may wait for the finisher thread before the
-    # loop waits for it: a database that cannot keep up slows the engine down instead of piling up.
-    finish_backlog = 32
-
     def __init__(
         self,
         *,
         queue: JobQueue,
         model: str,
         sink: EventSink,
-        engine: Any = None,
-        engine_factory: Callable[[], Any] | None = None,
+        engine: ServingEngine | None = None,
+        engine_factory: Callable[[], ServingEngine] | None = None,
         worker_id: str | None = None,
         device: str = "cpu",
         max_num_seqs: int | None = None,
@@ -99,41 +76,24 @@ class WorkerLoop:
         self.queue = queue
         self.model = model
         self.sink = sink
-        self.engine = engine
+        self.engine: ServingEngine | None = engine
         self.engine_factory = engine_factory
         self.worker_id = worker_id or default_worker_id(model)
         self.device = device
         self._max_num_seqs = max_num_seqs
         self._prefetch = prefetch
-        self.heartbeat_interval = heartbeat_interval
         self.reap_interval = reap_interval if reap_interval is not None else max(1.0, queue.heartbeat_timeout / 2)
         self.dropped_interval = dropped_interval
-        self.active: dict[str, _Active] = {}
+        self.active: dict[str, ActiveRequest] = {}
         self.started_at = time.time()
+        self.steps = 0
         self._draining = threading.Event()
         self._stopping = threading.Event()
-        self._next_heartbeat = 0.0
         self._next_reap = 0.0
         self._next_dropped = 0.0
-        self._tokens_since_beat = 0
-        self._last_beat = time.monotonic()
-        self.tok_s = 0.0
-        self.steps = 0
-        self._beat_lock = threading.Lock()  # the loop and the in-step beater share the queue client
-        self._last_info: dict[str, Any] | None = None
-        self._step_started: float | None = None  # monotonic start of the step in progress
-        self._reaped_in_step = False
-        self._beater_done = threading.Event()
-        # Redis: the leases of a step's first tokens are flagged started from this thread while the
-        # step computes, not after it (a round trip, 0.6 ms p50 on the 2-core VM, off every first token).
-        self._marker = ThreadPoolExecutor(1, thread_name_prefix="mark-started") if queue.remote else None
-        # The requests a step finished get their usage records (database round trips: 0.2 ms p50 but
-        # 9 ms p90 of the loop's own time per step at 32 streams on a 2-core VM when written there)
-        # from this thread, in order, while the engine steps on: one insert for whatever finished
-        # since it last looked. Each done event still goes out after its record.
-        self._finisher = ThreadPoolExecutor(1, thread_name_prefix="finish")
-        self._finishing: deque[Future] = deque()  # its calls not yet done, oldest first
-        self._to_finish: deque[tuple[_Active, Any, float]] = deque()  # finished, not yet taken by the finisher
+        self.heartbeats = Heartbeats(self, interval=heartbeat_interval)
+        self.marks = StartMarks(queue=queue, worker_id=self.worker_id)
+        self.finisher = Finisher(queue=queue, sink=sink, worker_id=self.worker_id)
 
     # ------------------------------------------------------------ control
     @property
@@ -165,10 +125,9 @@ class WorkerLoop:
     # ------------------------------------------------------------ main
     def run(self) -> None:
         failures = 0
-        beater = threading.Thread(target=self._beat_during_steps, name=f"{self.worker_id}-step-beats", daemon=True)
         try:
             self.load_engine()
-            beater.start()
+            self.heartbeats.start()
             while not self._stopping.is_set():
                 try:
                     self.run_once()
@@ -180,34 +139,20 @@ class WorkerLoop:
                 if self.draining and not self.active:
                     break
         finally:
-            self._beater_done.set()
-            if beater.is_alive():
-                beater.join(5.0)
+            self.heartbeats.stop()
             self.shutdown()
 
     def load_engine(self) -> None:
         """Build the engine (if a factory was given), heartbeating while it loads."""
         if self.engine is not None:
             return
-        done = threading.Event()
-
-        def beat_while_loading() -> None:
-            while not done.wait(self.heartbeat_interval):
-                self._safe_heartbeat(self._heartbeat_info(loading=True))
-
-        self._safe_heartbeat(self._heartbeat_info(loading=True))
-        ticker = threading.Thread(target=beat_while_loading, name=f"{self.worker_id}-loading", daemon=True)
-        ticker.start()
-        try:
+        with self.heartbeats.while_loading():
             self.engine = self.engine_factory()
-        finally:
-            done.set()
-            ticker.join()
         logger.info("worker %s: engine for %s loaded on %s", self.worker_id, self.model, self.device)
 
     def run_once(self) -> None:
         now = time.monotonic()
-        if now >= self._next_heartbeat:
+        if self.heartbeats.due(now):
             self.heartbeat()
         if now >= self._next_reap:
             self._next_reap = now + self.reap_interval
@@ -217,7 +162,7 @@ class WorkerLoop:
                 logger.exception("reaping failed")
         if now >= self._next_dropped:
             self._next_dropped = now + self.dropped_interval
-            self._end_dropped()
+            dropped_jobs_finish(queue=self.queue, sink=self.sink, model=self.model, worker_id=self.worker_id)
         if self.draining:
             self._abort_cancelled()
         else:
@@ -230,46 +175,13 @@ class WorkerLoop:
                     self._end_lost(request_id)
         elif not self.draining:
             # Enqueues, cancellations of queued jobs and requeues all wake this wait.
-            wait = min(self._next_heartbeat - time.monotonic(), self.heartbeat_interval)
+            wait = min(self.heartbeats.next_at - time.monotonic(), self.heartbeats.interval)
             if self.queue.wait_for_work(self.model, timeout=max(wait, 0.01)):
                 self._next_dropped = 0.0
 
     # ------------------------------------------------------------ heartbeats
-    def _heartbeat_info(self, *, loading: bool = False) -> dict[str, Any]:
-        return heartbeat_info(self, loading=loading)
-
-    def _safe_heartbeat(self, info: dict[str, Any]) -> bool:
-        try:
-            with self._beat_lock:
-                return self.queue.heartbeat(self.worker_id, self.model, info)
-        except Exception:  # noqa: BLE001 - Redis blips must not kill the worker
-            logger.exception("heartbeat failed")
-            return True
-
-    def _beat_during_steps(self) -> None:
-        """Side thread: while one engine step outlasts the heartbeat interval (a long prefill on a slow
-        CPU), repeat the last heartbeat, so the worker is neither shown as gone nor reaped mid-step.
-        It reads no engine state (the step owns it), only what the loop's last heartbeat reported."""
-        while not self._beater_done.wait(self.heartbeat_interval / 2):
-            started, info = self._step_started, self._last_info
-            if started is None or info is None:
-                continue
-            in_step = time.monotonic() - started
-            if in_step < self.heartbeat_interval:
-                continue  # short steps: the loop beats between them
-            if not self._safe_heartbeat(dict(info, in_step_s=round(in_step, 1))):
-                self._reaped_in_step = True
-
     def heartbeat(self) -> None:
-        now = time.monotonic()
-        elapsed = now - self._last_beat
-        if elapsed > 0:
-            self.tok_s = self._tokens_since_beat / elapsed
-        self._tokens_since_beat, self._last_beat = 0, now
-        self._next_heartbeat = now + self.heartbeat_interval
-        info = self._heartbeat_info()
-        self._last_info = info
-        if not self._safe_heartbeat(info):
+        if not self.heartbeats.beat():
             self._drop_reaped()
 
     def _drop_reaped(self) -> None:
@@ -300,24 +212,19 @@ class WorkerLoop:
     def _jobs_add(self, jobs: list[Job]) -> None:
         leased_at = time.time()
         for job in jobs:
-            self.active[job.request_id] = _Active(job=job, leased_at=leased_at)
+            self.active[job.request_id] = ActiveRequest(job=job, leased_at=leased_at)
             try:
                 self._add_to_engine(job)
+            except EngineValidationError as exc:  # the client's fault: the web answers 400 for `param`
+                self._fail(job.request_id, exc.message, mark=True, error_param=exc.param)
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
-                message, param = getattr(exc, "message", str(exc)), getattr(exc, "param", None)
-                if param is None and exc.__class__.__name__ != "EngineValidationError":
-                    logger.exception("could not start request %s", job.request_id)
-                self._fail(job.request_id, f"{message} (param: {param})" if param else str(message), mark=True,
-                           error_param=param)
+                logger.exception("could not start request %s", job.request_id)
+                self._fail(job.request_id, str(exc), mark=True)
 
     def _add_to_engine(self, job: Job) -> None:
-        from inference.engine import SamplingParams
-
         sampling = SamplingParams.from_dict(dict(job.sampling))
-        self.engine.add_request(
-            job.request_id, list(job.prompt_token_ids), sampling, priority=int(job.priority),
-            cache_salt=job.cache_salt, prompt_param="messages" if job.endpoint == "chat.completions" else "prompt",
-        )
+        self.engine.add_request(job.request_id, list(job.prompt_token_ids), sampling, priority=int(job.priority),
+                                cache_salt=job.cache_salt)
 
     def _abort_cancelled(self) -> None:
         try:
@@ -333,38 +240,20 @@ class WorkerLoop:
                 self.active[request_id].aborting = True
                 self._engine_abort(request_id)  # the next step reports it finished with "abort"
 
-    def _end_dropped(self) -> None:
-        try:
-            dropped = self.queue.take_dropped(self.model)
-        except Exception:  # noqa: BLE001
-            logger.exception("reading dropped jobs failed")
-            return
-        for job in dropped:
-            job_finish(job=job, sink=self.sink, worker_id=self.worker_id, finish_reason="abort",
-                       error="Cancelled before it started.")
-
     # ------------------------------------------------------------ stepping
     def _step(self) -> None:
-        self._step_started = time.monotonic()
+        self.heartbeats.step_started()
         error: Exception | None = None
-        marking: list[tuple[list[str], Future]] = []
-
-        def mark_ahead(request_ids: list[str]) -> None:
-            """Engine callback, before the model runs: flag these leases started meanwhile."""
-            ids = [rid for rid in request_ids if rid in self.active and not self.active[rid].started]
-            if ids:
-                marking.append((ids, self._marker.submit(self.queue.mark_started, self.worker_id, ids)))
-
+        mark_ahead = self.marks.callback(self.active)
         try:
-            outputs = self.engine.step(on_first_tokens=mark_ahead) if self._marker is not None else self.engine.step()
+            outputs = self.engine.step(on_first_tokens=mark_ahead) if mark_ahead is not None else self.engine.step()
         except Exception as exc:  # noqa: BLE001
             error = exc
         finally:
-            self._step_started = None
-        for ids, future in marking:
-            self._marked_ahead(ids, future)
-        if self._reaped_in_step:  # an in-step heartbeat found us reaped: this step's news is not ours to send
-            self._reaped_in_step = False
+            reaped = self.heartbeats.step_ended()
+        for request_id, owned in self.marks.answers():
+            self._started_apply(request_id, owned)
+        if reaped:  # an in-step heartbeat found us reaped: this step's news is not ours to send
             self._drop_reaped()
             return
         if error is not None:
@@ -387,12 +276,11 @@ class WorkerLoop:
         # nor the next step waits for a database write. The
         # requests' first tokens lead the deltas: the web process and its
         # clients handle a step's events in order, so a new stream's first
-        # token does not wait behind every running stream's next one (paired
-        # TTFT overhead at 16 streams 9.9 -> 7.4 ms p50, BENCHMARKS.md).
+        # token does not wait behind every running stream's next one.
         # Each request still gets its events in order (one delta per step).
-        firsts: list[tuple[str, dict]] = []
-        deltas: list[tuple[str, dict]] = []
-        finished: list[tuple[_Active, Any]] = []
+        firsts: list[tuple[str, Delta]] = []
+        deltas: list[tuple[str, Delta]] = []
+        finished: list[tuple[ActiveRequest, Any]] = []
         for output in outputs:
             active = self.active.get(output.request_id)
             if active is None:
@@ -412,61 +300,7 @@ class WorkerLoop:
             return
         for active, _output in finished:
             self.active.pop(active.job.request_id, None)  # room for new work at once
-        pending = self._finishing
-        while pending and pending[0].done():
-            pending.popleft()
-        if len(pending) >= self.finish_backlog:  # the database is not keeping up: wait, as before the finisher
-            pending.popleft().result()
-        self._to_finish.extend((active, output, now) for active, output in finished)
-        pending.append(self._finisher.submit(self._finish_pending))
-
-    def _finish_pending(self) -> None:
-        """(The finisher thread.) Everything the engine finished that no earlier call took: one
-        step's requests, or several steps' when the finisher fell behind (it catches up in one insert)."""
-        batch = []
-        while self._to_finish:
-            batch.append(self._to_finish.popleft())
-        if batch:
-            try:
-                self._finish_all(batch)
-            except Exception:  # noqa: BLE001 - never an exception left in the future the loop may wait on
-                logger.exception("finishing %s failed", [active.job.request_id for active, _o, _n in batch])
-
-    def _finish_all(self, finished: list[tuple[_Active, Any, float]]) -> None:
-        """The usage records of `finished` (active, engine output, when), in one insert, then their
-        done events, together, then their leases released (one call)."""
-        records: list[dict] = []
-        dones: list[tuple[str, dict]] = []
-        for active, output, now in finished:
-            job = active.job
-            try:
-                record, event = self._ending(active, output, now)
-            except Exception as exc:  # noqa: BLE001
-                logger.exception("finishing %s failed", job.request_id)
-                record, event = job_ending(job=job, worker_id=self.worker_id, finish_reason="error",
-                                           error=f"Worker error: {exc}", **active.tokens_so_far())
-            records.append(record)
-            dones.append((job.reply_channel, event))
-        usage_records_safe(records)
-        try:
-            self.sink.send_many(dones)
-        except Exception:  # noqa: BLE001 - the leases are still released
-            logger.exception("sending %d done events failed", len(dones))
-        ids = [active.job.request_id for active, _output, _now in finished]
-        try:
-            self.queue.complete_many(self.worker_id, ids)
-        except Exception:  # noqa: BLE001 - their leases stay until this worker leaves or is reaped
-            logger.exception("completing %s failed", ids)
-
-    def _marked_ahead(self, ids: list[str], future: Future) -> None:
-        """The answer to a mark sent during the step (done by now: a step outlasts a round trip)."""
-        try:
-            owned = future.result()
-        except Exception:  # noqa: BLE001 - they are marked after the step instead
-            logger.warning("marking %d requests started during the step failed", len(ids), exc_info=True)
-            return
-        for request_id in ids:
-            self._started_apply(request_id, request_id in owned)
+        self.finisher.submit(finished, now)
 
     def _started_apply(self, request_id: str, owned: bool) -> None:
         active = self.active.get(request_id)
@@ -478,7 +312,7 @@ class WorkerLoop:
             self._engine_abort(request_id)
             self.active.pop(request_id, None)
 
-    def _handle_output(self, active: _Active, output: Any, now: float, events: list, firsts: list) -> bool:
+    def _handle_output(self, active: ActiveRequest, output: Any, now: float, events: list, firsts: list) -> bool:
         """Append this output's delta to `events` (to `firsts` for a first token); True when it finished."""
         job = active.job
         new_ids = output.new_token_ids
@@ -488,26 +322,10 @@ class WorkerLoop:
             if first:
                 active.first_token_at = now
             active.completion_tokens += len(new_ids)
-            self._tokens_since_beat += len(new_ids)
-            (firsts if first else events).append((job.reply_channel, delta_event(
-                request_id=job.request_id, text=output.delta_text or "", token_ids=new_ids, logprobs=output.logprobs)))
+            self.heartbeats.tokens_add(len(new_ids))
+            (firsts if first else events).append(
+                (job.reply_channel, Delta(job.request_id, output.delta_text or "", new_ids, output.logprobs)))
         return bool(output.finished)
-
-    def _ending(self, active: _Active, output: Any, now: float) -> tuple[dict, dict]:
-        """(usage record fields, done event) of a request the engine finished."""
-        job = active.job
-        usage, timing = output.usage, output.timing
-        engine_queued = float(getattr(timing, "queued_s", 0.0) or 0.0)
-        extra = {f"engine_{name}": getattr(timing, name, None) for name in ("queued_s", "ttft_s", "e2e_s")}
-        return job_ending(
-            job=job, worker_id=self.worker_id,
-            finish_reason=output.finish_reason or "stop",
-            prompt_tokens=int(usage.prompt_tokens), cached_tokens=int(usage.cached_tokens),
-            completion_tokens=int(usage.completion_tokens),
-            queued_s=max(0.0, active.leased_at - job.enqueued_at) + engine_queued,
-            ttft_s=active.ttft_s, error=getattr(output, "error", None),
-            stop_reason=output.stop_reason, extra_timing=extra, now=now,
-        )
 
     # ------------------------------------------------------------ endings
     def _engine_abort(self, request_id: str) -> None:
@@ -551,8 +369,7 @@ class WorkerLoop:
 
     def shutdown(self) -> None:
         """Leave the queue: anything still held is requeued (unstarted) or failed."""
-        self._finisher.submit(_close_db_connections)  # after the finishes handed over: records, events, leases
-        self._finisher.shutdown(wait=True)
+        self.finisher.close(then=db_connections_close)  # after the finishes handed over: records, events, leases
         for request_id, active in list(self.active.items()):
             self._engine_abort(request_id)
             if active.started:  # end it here, with the tokens it got; unstarted ones are requeued below
@@ -564,15 +381,7 @@ class WorkerLoop:
         except Exception:  # noqa: BLE001
             logger.exception("unregistering worker %s failed", self.worker_id)
         self.sink.flush(timeout=5.0)
-        if self._marker is not None:
-            self._marker.shutdown(wait=False)
-        _close_db_connections()
+        self.marks.close()
+        db_connections_close()
         logger.info("worker %s stopped", self.worker_id)
 
-
-def _close_db_connections() -> None:
-    """Close this thread's database connections (threads never get Django's request signals)."""
-    from django.db import connection, connections
-
-    if not connection.in_atomic_block:
-        connections.close_all()

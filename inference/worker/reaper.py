@@ -1,4 +1,5 @@
-"""Reaping dead workers: the queue takes their leases, this ends the started ones."""
+"""Ending the jobs nobody serves any more: a dead worker's started ones (the queue takes its leases
+and requeues the rest), and the ones cancelled while still queued."""
 
 from __future__ import annotations
 
@@ -37,3 +38,14 @@ def dead_workers_reap(*, queue: JobQueue, sink: EventSink) -> ReapResult:
         )
     reap_result_finish(result=result, sink=sink)
     return result
+
+
+def dropped_jobs_finish(*, queue: JobQueue, sink: EventSink, model: str, worker_id: str) -> None:
+    """End the jobs of `model` cancelled while still queued: an "abort" with no tokens, each once."""
+    try:
+        dropped = queue.take_dropped(model)
+    except Exception:  # noqa: BLE001
+        logger.exception("reading dropped jobs failed")
+        return
+    for job in dropped:
+        job_finish(job=job, sink=sink, worker_id=worker_id, finish_reason="abort", error="Cancelled before it started.")

@@ -21,11 +21,10 @@ import uuid
 
 import pytest
 
-from inference.api.replies import events_unpack
 from tests.e2e.processes import (
     MODEL, Proc, database_prepare, postgres_database_reset, process_env, usage_records, wait_until, worker_start,
 )
-from tests.inference.queue_helpers import make_job
+from tests.inference.queue_helpers import events_unpack, make_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -112,11 +111,10 @@ class Events:
         return await self.layer.new_channel("reply.")
 
     async def receive(self, channel: str, timeout: float = 60.0) -> dict:
-        """The next event on `channel`; the workers send them in engine.events batches."""
+        """The next event on `channel` (wire form); the workers send them in batches."""
         buffer = self.buffers.setdefault(channel, collections.deque())
         while not buffer:
             message = await asyncio.wait_for(self.layer.receive(channel), timeout)
-            assert message["type"] == "engine.events", message
             buffer.extend(events_unpack(message))
         return buffer.popleft()
 

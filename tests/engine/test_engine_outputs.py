@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference.engine import EngineValidationError, RequestOutput, SamplingParams
+from inference.engine import EngineValidationError, PromptTooLongError, RequestOutput, SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -31,16 +31,19 @@ def test_streamed_deltas_concatenate_to_the_decode_without_leaking_the_prompt(en
     assert 0 <= t.queued_s <= t.ttft_s <= t.e2e_s
 
 
-@pytest.mark.parametrize("prompt_len,sp,param", [
-    (0, SamplingParams(), "messages"),
-    (500, SamplingParams(max_tokens=20), "messages"),
-    (10, SamplingParams(top_p=0.0), "top_p"),
-    (10, SamplingParams(max_tokens=-1), "max_tokens"),
+@pytest.mark.parametrize("prompt_len,sp,param,too_long", [
+    (0, SamplingParams(), "prompt", False),
+    (500, SamplingParams(max_tokens=20), "prompt", True),
+    (10, SamplingParams(top_p=0.0), "top_p", False),
+    (10, SamplingParams(max_tokens=-1), "max_tokens", False),
 ])
-def test_add_request_validation(engine, prompt_len, sp, param):
+def test_add_request_validation(engine, prompt_len, sp, param, too_long):
+    """The engine names the parameter at fault in its own (completions) terms; a prompt that does not
+    fit is a PromptTooLongError, which the API maps to "messages" for chat."""
     with pytest.raises(EngineValidationError) as err:
-        engine.add_request("bad", [5] * prompt_len, sp, prompt_param="messages")
+        engine.add_request("bad", [5] * prompt_len, sp)
     assert err.value.param == param
+    assert isinstance(err.value, PromptTooLongError) is too_long
     assert not engine.has_unfinished()
 
 

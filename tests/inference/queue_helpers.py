@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from inference.protocol import BATCH, Batch
 from inference.queue.job import Job
 from inference.queue.memory import MemoryJobQueue
 from inference.queue.redis_backend import RedisJobQueue
@@ -21,6 +22,13 @@ from inference.queue.redis_backend import RedisJobQueue
 REDIS_TEST_URL = os.environ.get("QUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/2")
 _ids = itertools.count(1)
 _redis_ok: bool | None = None
+
+
+def events_unpack(message: dict) -> list[dict]:
+    """The events of a worker's reply-channel message, decoded, then in their wire form again (what
+    the tests read: `event["type"]`, `event["usage"]["completion_tokens"]`, ...)."""
+    assert message["type"] == BATCH, message
+    return [event.encode() for event in Batch.decode(message).events]
 
 
 def redis_available() -> bool:

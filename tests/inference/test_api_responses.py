@@ -8,8 +8,9 @@ from openai.types.completion import Completion
 
 from inference.api.responses import ResponseBuilder, service_tier_for, usage_body
 from inference.api.schemas import CHAT, COMPLETIONS
+from inference.protocol import Done, Usage
 
-ENGINE_USAGE = {"prompt_tokens": 40, "cached_tokens": 32, "completion_tokens": 3}
+ENGINE_USAGE = Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=3)
 LOGPROBS = [
     {"token_id": 9, "token": "Hi", "logprob": -0.1, "bytes": [72, 105],
      "top_logprobs": [{"token_id": 9, "token": "Hi", "logprob": -0.1, "bytes": [72, 105]},
@@ -83,20 +84,24 @@ def test_service_tier_mapping(priority, expected):
     assert service_tier_for(tier) == expected
 
 
-@pytest.mark.parametrize(("done", "status", "param"), [
-    ({"finish_reason": "stop"}, None, None),
-    ({"finish_reason": "length"}, None, None),
-    ({"finish_reason": "error", "error": "worker died"}, 500, None),
-    ({"finish_reason": "error", "error": "prompt too long for this worker (param: messages)"}, 400, "messages"),
-    ({"finish_reason": "error", "error": "bad", "error_param": "top_p"}, 400, "top_p"),
-    ({"finish_reason": "abort"}, 500, None),
+@pytest.mark.parametrize(("done", "endpoint", "status", "param"), [
+    (Done("r", "stop"), CHAT, None, None),
+    (Done("r", "length"), CHAT, None, None),
+    (Done("r", "error", error="worker died"), CHAT, 500, None),
+    (Done("r", "error", error="prompt too long for this worker", error_param="prompt"), CHAT, 400, "messages"),
+    (Done("r", "error", error="prompt too long for this worker", error_param="prompt"), COMPLETIONS, 400, "prompt"),
+    (Done("r", "error", error="bad", error_param="top_p"), CHAT, 400, "top_p"),
+    (Done("r", "error", error="bad", error_param="top_logprobs"), COMPLETIONS, 400, "logprobs"),
+    (Done("r", "abort"), CHAT, 500, None),
 ])
-def test_done_event_errors(done, status, param):
+def test_done_event_errors(done, endpoint, status, param):
+    """A Done's error_param (the engine's name) comes back as the client's parameter name, once."""
     from inference.api.events import done_error
 
-    error = done_error(done)
+    error = done_error(done, endpoint=endpoint)
     if status is None:
         assert error is None
     else:
         assert error.status_code == status and error.param == param
+        assert "param:" not in error.message
         assert set(error.body()["error"]) == {"message", "type", "param", "code"}

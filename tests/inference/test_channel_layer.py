@@ -11,6 +11,7 @@ from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer as StockLayer
 
 from inference.channel_layer import RedisChannelLayer
+from inference.protocol import BATCH
 from tests.inference.queue_helpers import REDIS_TEST_URL, require_redis
 
 
@@ -29,7 +30,7 @@ async def layer():
 
 async def test_a_process_channel_message_arrives_whole_and_the_stock_layer_reads_it(layer):
     channel = await layer.new_channel("reply.")
-    message = {"type": "engine.events", "events": [{"request_id": "r1", "text": "héllo", "token_ids": [1, 2]}]}
+    message = {"type": BATCH, "events": [{"request_id": "r1", "text": "héllo", "token_ids": [1, 2]}]}
     await layer.send(channel, message)
     assert await layer.receive(channel) == message
     general = "general.one"
@@ -67,16 +68,16 @@ async def test_send_is_one_round_trip(layer, monkeypatch):
         return await execute(self, *args, **options)
 
     monkeypatch.setattr(type(connection), "execute_command", counting)
-    await layer.send(channel, {"type": "engine.events", "events": []})
+    await layer.send(channel, {"type": BATCH, "events": []})
     monkeypatch.undo()
     assert len(calls) == 1 and calls[0].upper() in {"EVAL", "EVALSHA"}
-    assert (await layer.receive(channel))["type"] == "engine.events"
+    assert (await layer.receive(channel))["type"] == BATCH
 
 
 async def test_a_single_reader_channel_pops_with_one_command_and_keeps_no_backup(layer, monkeypatch):
     channel = await layer.new_single_reader_channel("reply")
     assert channel.startswith(f"reply.{layer.client_prefix}.") and channel.endswith("!")
-    message = {"type": "engine.events", "events": [{"request_id": "r1", "text": "héllo"}]}
+    message = {"type": BATCH, "events": [{"request_id": "r1", "text": "héllo"}]}
     await layer.send(channel, message)
     connection = layer.connection(layer.consistent_hash(channel))
     calls: list[str] = []

@@ -9,11 +9,10 @@ import time
 import pytest
 from channels.layers import InMemoryChannelLayer
 
-from inference.api.replies import events_unpack
 from inference.worker.events import EventSink
 from inference.worker.reaper import dead_workers_reap
 from billing.models import UsageRecord
-from tests.inference.queue_helpers import make_job, queue_factory  # noqa: F401 - fixture
+from tests.inference.queue_helpers import events_unpack, make_job, queue_factory  # noqa: F401 - fixture
 
 
 @pytest.fixture

@@ -13,19 +13,27 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 
 from inference.api.events import JobRun
-from inference.api.replies import ReplyChannel, events_unpack, reply_channel_get
-from inference.worker.events import EventSink, events_message
-from inference.worker.finish import delta_event, done_event
+from inference.api.replies import ReplyChannel, reply_channel_get
+from inference.protocol import BATCH, Batch, Delta, Done, Usage
+from inference.worker.events import EventSink
 from tests.inference.queue_helpers import REDIS_TEST_URL, require_redis
 
 
-def delta(request_id: str, text: str) -> dict:
-    return delta_event(request_id=request_id, text=text, token_ids=[1], logprobs=None)
+def delta(request_id: str, text: str) -> Delta:
+    return Delta(request_id, text, [1])
 
 
-def done(request_id: str, completion_tokens: int) -> dict:
-    return done_event(request_id=request_id, finish_reason="length", prompt_tokens=3, cached_tokens=0,
-                      completion_tokens=completion_tokens, timing={})
+def done(request_id: str, completion_tokens: int) -> Done:
+    return Done(request_id, "length", Usage(prompt_tokens=3, completion_tokens=completion_tokens))
+
+
+def batch(*events) -> dict:
+    """What a worker sends a reply channel: one Batch, encoded for the channel layer."""
+    return Batch(list(events)).encode()
+
+
+def texts(events) -> list:
+    return [getattr(event, "text", None) for event in events]
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -46,7 +54,7 @@ async def layer(request):
         await layer.flush()
 
 
-async def read_all(run: JobRun, timeout: float = 10.0) -> list[dict]:
+async def read_all(run: JobRun, timeout: float = 10.0) -> list:
     events = []
     async with run:
         async for event in run.events(idle_s=timeout):
@@ -61,16 +69,16 @@ async def test_one_batch_for_two_tenants_reaches_each_request_and_nobody_else(la
     bob = JobRun(reply=reply, request_id="req-bob", model="m")
     # What a worker sends for one step: both requests' deltas in one message,
     # plus an event for a request this process does not serve (a stale one).
-    await layer.send(reply.name, events_message([
+    await layer.send(reply.name, batch(
         delta("req-alice", "A1"), delta("req-bob", "B1"), delta("req-stranger", "S1"), delta("req-alice", "A2"),
-    ]))
-    await layer.send(reply.name, events_message([done("req-bob", 1), delta("req-alice", "A3"), done("req-alice", 3)]))
+    ))
+    await layer.send(reply.name, batch(done("req-bob", 1), delta("req-alice", "A3"), done("req-alice", 3)))
     alice_events, bob_events = await asyncio.gather(read_all(alice), read_all(bob))
-    assert [e.get("text") for e in alice_events] == ["A1", "A2", "A3", None]
-    assert [e.get("text") for e in bob_events] == ["B1", None]
-    assert {e["request_id"] for e in alice_events} == {"req-alice"}
-    assert {e["request_id"] for e in bob_events} == {"req-bob"}
-    assert alice.done["usage"]["completion_tokens"] == 3 and bob.done["usage"]["completion_tokens"] == 1
+    assert texts(alice_events) == ["A1", "A2", "A3", None]
+    assert texts(bob_events) == ["B1", None]
+    assert {e.request_id for e in alice_events} == {"req-alice"}
+    assert {e.request_id for e in bob_events} == {"req-bob"}
+    assert alice.done.usage.completion_tokens == 3 and bob.done.usage.completion_tokens == 1
     assert reply.waiting == 0
 
 
@@ -79,17 +87,19 @@ async def test_events_of_a_request_that_left_are_dropped_not_rerouted(layer):
     gone = JobRun(reply=reply, request_id="req-gone", model="m")
     stays = JobRun(reply=reply, request_id="req-stays", model="m")
     gone.release()  # the client left (its job's abort event still comes)
-    await layer.send(reply.name, events_message([delta("req-gone", "secret"), done("req-gone", 1)]))
-    await layer.send(reply.name, events_message([delta("req-stays", "mine"), done("req-stays", 1)]))
-    assert [e.get("text") for e in await read_all(stays)] == ["mine", None]
+    await layer.send(reply.name, batch(delta("req-gone", "secret"), done("req-gone", 1)))
+    await layer.send(reply.name, batch(delta("req-stays", "mine"), done("req-stays", 1)))
+    assert texts(await read_all(stays)) == ["mine", None]
 
 
-async def test_a_bare_event_message_is_accepted(layer):
+async def test_a_message_or_event_it_does_not_know_is_dropped_and_the_rest_still_arrive(layer):
     reply = await reply_channel_get(layer)
-    run = JobRun(reply=reply, request_id="req-bare", model="m")
-    await layer.send(reply.name, delta("req-bare", "x"))
-    await layer.send(reply.name, done("req-bare", 1))
-    assert [e["type"] for e in await read_all(run)] == ["engine.delta", "engine.done"]
+    run = JobRun(reply=reply, request_id="req-new", model="m")
+    await layer.send(reply.name, delta("req-new", "bare").encode())  # an event outside a batch
+    message = batch(delta("req-new", "x"), done("req-new", 1))
+    message["events"].insert(1, {"type": "engine.future", "request_id": "req-new"})  # a newer worker's
+    await layer.send(reply.name, message)
+    assert [type(e) for e in await read_all(run)] == [Delta, Done]
 
 
 async def test_the_receive_loop_stops_when_idle_and_restarts_for_the_next_request(layer):
@@ -97,13 +107,13 @@ async def test_the_receive_loop_stops_when_idle_and_restarts_for_the_next_reques
     first = JobRun(reply=reply, request_id="req-1", model="m")
     task = reply._task
     assert task is not None and not task.done()
-    await layer.send(reply.name, events_message([done("req-1", 0)]))
+    await layer.send(reply.name, batch(done("req-1", 0)))
     await read_all(first)
     await asyncio.wait_for(asyncio.shield(task), 10)  # ended by its own stop message
     second = JobRun(reply=reply, request_id="req-2", model="m")
     assert reply._task is not task and not reply._task.done()
-    await layer.send(reply.name, events_message([done("req-2", 0)]))
-    assert [e["type"] for e in await read_all(second)] == ["engine.done"]
+    await layer.send(reply.name, batch(done("req-2", 0)))
+    assert [type(e) for e in await read_all(second)] == [Done]
     await asyncio.wait_for(asyncio.shield(reply._task), 10)
 
 
@@ -112,8 +122,8 @@ async def test_a_request_registered_while_the_stop_is_in_flight_still_gets_its_e
     first = JobRun(reply=reply, request_id="req-a", model="m")
     first.release()  # last one out: the stop message goes out
     second = JobRun(reply=reply, request_id="req-b", model="m")  # before the loop read the stop
-    await layer.send(reply.name, events_message([delta("req-b", "hi"), done("req-b", 1)]))
-    assert [e.get("text") for e in await read_all(second)] == ["hi", None]
+    await layer.send(reply.name, batch(delta("req-b", "hi"), done("req-b", 1)))
+    assert texts(await read_all(second)) == ["hi", None]
 
 
 async def test_on_redis_the_reply_channel_is_a_single_reader_channel_with_no_backup_copies(monkeypatch):
@@ -127,8 +137,8 @@ async def test_on_redis_the_reply_channel_is_a_single_reader_channel_with_no_bac
     reply = await reply_channel_get(layer)
     assert reply.name.startswith(f"reply.{layer.client_prefix}.") and reply.name.endswith("!")
     run = JobRun(reply=reply, request_id="req-r", model="m")
-    await layer.send(reply.name, events_message([delta("req-r", "x"), done("req-r", 1)]))
-    assert [e.get("text") for e in await read_all(run)] == ["x", None]
+    await layer.send(reply.name, batch(delta("req-r", "x"), done("req-r", 1)))
+    assert texts(await read_all(run)) == ["x", None]
     await asyncio.wait_for(asyncio.shield(reply._task), 10)
     client = redis.Redis.from_url(REDIS_TEST_URL)
     assert client.keys(layer.prefix + "*") == []  # popped, and no "$inflight" backup set
@@ -153,10 +163,9 @@ async def test_the_sink_sends_one_message_per_reply_channel_per_hand_over():
     sink.send_many([(one, delta("r1", "a")), (two, delta("r2", "b")), (one, delta("r3", "c")), (one, done("r1", 1))])
     await asyncio.to_thread(sink.flush, 5.0)
     message = await asyncio.wait_for(layer.receive(one), 5)
-    assert message["type"] == "engine.events"
-    assert [(e["request_id"], e["type"]) for e in events_unpack(message)] == [
-        ("r1", "engine.delta"), ("r3", "engine.delta"), ("r1", "engine.done")]
-    assert [e["request_id"] for e in events_unpack(await asyncio.wait_for(layer.receive(two), 5))] == ["r2"]
+    assert message["type"] == BATCH
+    assert [(e.request_id, type(e)) for e in Batch.decode(message).events] == [("r1", Delta), ("r3", Delta), ("r1", Done)]
+    assert [e.request_id for e in Batch.decode(await asyncio.wait_for(layer.receive(two), 5)).events] == ["r2"]
     sink.close()
 
 
@@ -200,12 +209,12 @@ async def test_keepalive_ticks_between_events_lose_none_of_them():
     reply = await reply_channel_get(InMemoryChannelLayer())
     run = JobRun(reply=reply, request_id="req-slow", model="m")
     assert await run.next_event(0.01) is None  # idle: a keep-alive tick
-    reply.deliver(events_message([delta("req-slow", "a")]))
-    assert (await run.next_event(0.01))["text"] == "a"
+    reply.deliver(Batch([delta("req-slow", "a")]))
+    assert (await run.next_event(0.01)).text == "a"
     assert await run.next_event(0.01) is None
-    reply.deliver(events_message([delta("req-slow", "b"), done("req-slow", 2)]))
-    assert (await run.next_event(0.01))["text"] == "b"
-    assert (await run.next_event(0.01))["type"] == "engine.done" and run.done is not None
+    reply.deliver(Batch([delta("req-slow", "b"), done("req-slow", 2)]))
+    assert (await run.next_event(0.01)).text == "b"
+    assert type(await run.next_event(0.01)) is Done and run.done is not None
     run.release()
 
 
@@ -227,8 +236,8 @@ async def test_the_sink_hands_an_in_process_reply_channel_its_batch_directly():
                                               (reply.name, done("req-q", 1))])
     assert await asyncio.to_thread(sink.flush, 5.0)
     p_events, q_events = await asyncio.gather(read_all(first), read_all(second))
-    assert [e.get("text") for e in p_events] == ["a", "c", None]
-    assert [e.get("text") for e in q_events] == ["b", None]
+    assert texts(p_events) == ["a", "c", None]
+    assert texts(q_events) == ["b", None]
     sink.close()
 
 
@@ -242,6 +251,6 @@ async def test_send_many_with_a_wait_returns_once_the_events_are_delivered():
         return not run._mailbox.empty()  # read right after the call returned, from the engine's thread
 
     assert await asyncio.to_thread(engine_thread)
-    assert (await run.next_event(1))["text"] == "first"
+    assert (await run.next_event(1)).text == "first"
     run.release()
     sink.close()

@@ -17,14 +17,15 @@ import uuid
 import pytest
 from channels.layers import InMemoryChannelLayer
 
-from inference.api.replies import events_unpack
+from inference.protocol import Delta
 from inference.queue.memory import MemoryJobQueue
 from inference.worker.events import EventSink
 from inference.worker.loop import WorkerLoop
 from billing.models import UsageRecord
-from tests.inference.queue_helpers import make_job
+from tests.inference.queue_helpers import events_unpack, make_job
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 MODEL = "smollm2-135m-instruct"
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -55,12 +56,11 @@ class Harness:
         self.thread.start()
 
     def receive(self, channel: str, timeout: float = 60.0) -> dict:
-        """The next event on `channel` (the worker sends them in engine.events batches)."""
+        """The next event on `channel`, in its wire form (the worker sends them in batches)."""
         buffer = self._buffers.setdefault(channel, collections.deque())
         while not buffer:
             coro = asyncio.wait_for(self.layer.receive(channel), timeout)
             message = asyncio.run_coroutine_threadsafe(coro, self.aloop).result()
-            assert message["type"] == "engine.events", message
             buffer.extend(events_unpack(message))
         return buffer.popleft()
 
@@ -300,10 +300,10 @@ def test_drain_finishes_running_work_and_takes_no_more(engine, harness_factory, 
 def held_records(monkeypatch):
     """(writing, gate, sizes): the finisher's usage-record writes set `writing`, then wait until the
     test sets `gate`; `sizes` gets the number of records of each write."""
-    from inference.worker import loop
+    from inference.worker import finisher
 
     writing, gate, sizes = threading.Event(), threading.Event(), []
-    write = loop.usage_records_safe
+    write = finisher.usage_records_safe
 
     def held(records):
         sizes.append(len(records))
@@ -311,7 +311,7 @@ def held_records(monkeypatch):
         assert gate.wait(60)
         return write(records)
 
-    monkeypatch.setattr(loop, "usage_records_safe", held)
+    monkeypatch.setattr(finisher, "usage_records_safe", held)
     return writing, gate, sizes
 
 
@@ -368,7 +368,7 @@ def test_a_finisher_that_falls_behind_holds_the_engine_back(engine, harness_fact
     writing, gate, _sizes = held_records
     tenant = tenant_factory()
     harness = harness_factory()
-    harness.loop.finish_backlog = 1
+    harness.loop.finisher.backlog = 1
     # the first one's record is held; the second one's finish must wait for it
     first, second, long = start_until_a_record_is_held(
         engine, harness, tenant, writing, [("One.", 1), ("Three.", 3), ("Describe a mountain.", 16)])
@@ -606,8 +606,8 @@ def test_steps_with_first_tokens_wait_until_their_events_are_sent(engine, harnes
     send_many = harness.sink.send_many
 
     def recording(items, *, wait_s=0.0):
-        has_first = any(event.get("type") == "engine.delta" and event["request_id"] not in seen for _c, event in items)
-        seen.update(event["request_id"] for _c, event in items if event.get("type") == "engine.delta")
+        has_first = any(type(event) is Delta and event.request_id not in seen for _c, event in items)
+        seen.update(event.request_id for _c, event in items if type(event) is Delta)
         calls.append((has_first, wait_s))
         send_many(items, wait_s=wait_s)
 

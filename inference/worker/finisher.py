@@ -1,0 +1,114 @@
+"""The finisher: the usage records, done events and lease releases of the requests the engine
+finished, from a thread of its own.
+
+A usage record is a database round trip, slow at the tail; written on the
+engine thread it would stall every stream's next token. So the loop hands each
+step's finished requests over (`submit`) and steps on, while this thread, in
+order, writes whatever finished since it last looked in one insert, then sends
+their done events (each after its record, so a client that sees the end of its
+stream can already find the record), then releases their leases in one call.
+
+Backlog: when `backlog` hand-overs are still waiting, the loop waits for the
+oldest: a database that cannot keep up slows the engine down instead of piling
+finished requests up in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from inference.queue import JobQueue
+
+from .events import EventSink
+from .finish import ActiveRequest, job_ending, usage_records_safe
+
+if TYPE_CHECKING:
+    from inference.protocol import Done
+
+logger = logging.getLogger(__name__)
+
+
+def output_ending(*, active: ActiveRequest, output: Any, now: float, worker_id: str) -> tuple[dict, Done]:
+    """(usage record fields, done event) of a request the engine finished (`output`: its last RequestOutput)."""
+    job = active.job
+    usage, timing = output.usage, output.timing
+    engine_queued = float(getattr(timing, "queued_s", 0.0) or 0.0)
+    return job_ending(
+        job=job, worker_id=worker_id, finish_reason=output.finish_reason or "stop",
+        prompt_tokens=int(usage.prompt_tokens), cached_tokens=int(usage.cached_tokens),
+        completion_tokens=int(usage.completion_tokens),
+        queued_s=max(0.0, active.leased_at - job.enqueued_at) + engine_queued,
+        ttft_s=active.ttft_s, engine_timing=timing, now=now,
+        error=getattr(output, "error", None),  # why, when the request failed alone inside the engine
+    )
+
+
+class Finisher:
+    """The finisher thread of one worker (see the module docstring)."""
+
+    backlog = 32  # hand-overs that may wait for the thread before the loop waits for it
+
+    def __init__(self, *, queue: JobQueue, sink: EventSink, worker_id: str) -> None:
+        self.queue = queue
+        self.sink = sink
+        self.worker_id = worker_id
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="finish")
+        self._pending: deque[Future] = deque()  # its calls not yet done, oldest first
+        self._to_finish: deque[tuple[ActiveRequest, Any, float]] = deque()  # handed over, not yet taken
+
+    def submit(self, finished: list[tuple[ActiveRequest, Any]], now: float) -> None:
+        """(The loop.) Hand over one step's finished requests (active, engine output), finished at `now`."""
+        pending = self._pending
+        while pending and pending[0].done():
+            pending.popleft()
+        if len(pending) >= self.backlog:  # the database is not keeping up
+            pending.popleft().result()
+        self._to_finish.extend((active, output, now) for active, output in finished)
+        pending.append(self._pool.submit(self._take))
+
+    def close(self, *, then: Any = None) -> None:
+        """Finish everything handed over, run `then()` on the thread (its connections' clean-up), stop it."""
+        if then is not None:
+            self._pool.submit(then)
+        self._pool.shutdown(wait=True)
+
+    def _take(self) -> None:
+        """(The thread.) Everything handed over that no earlier call took: one step's requests, or
+        several steps' when the thread fell behind (it catches up in one insert)."""
+        batch = []
+        while self._to_finish:
+            batch.append(self._to_finish.popleft())
+        if batch:
+            try:
+                self._finish_all(batch)
+            except Exception:  # noqa: BLE001 - never an exception left in the future the loop may wait on
+                logger.exception("finishing %s failed", [active.job.request_id for active, _o, _n in batch])
+
+    def _finish_all(self, finished: list[tuple[ActiveRequest, Any, float]]) -> None:
+        """The usage records of `finished` in one insert, then their done events together, then their
+        leases released in one call."""
+        records: list[dict] = []
+        dones: list[tuple[str, Done]] = []
+        for active, output, now in finished:
+            job = active.job
+            try:
+                record, done = output_ending(active=active, output=output, now=now, worker_id=self.worker_id)
+            except Exception as exc:  # noqa: BLE001
+                logger.exception("finishing %s failed", job.request_id)
+                record, done = job_ending(job=job, worker_id=self.worker_id, finish_reason="error",
+                                          error=f"Worker error: {exc}", **active.tokens_so_far())
+            records.append(record)
+            dones.append((job.reply_channel, done))
+        usage_records_safe(records)
+        try:
+            self.sink.send_many(dones)
+        except Exception:  # noqa: BLE001 - the leases are still released
+            logger.exception("sending %d done events failed", len(dones))
+        ids = [active.job.request_id for active, _output, _now in finished]
+        try:
+            self.queue.complete_many(self.worker_id, ids)
+        except Exception:  # noqa: BLE001 - their leases stay until this worker leaves or is reaped
+            logger.exception("completing %s failed", ids)
