@@ -44,20 +44,26 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from tenants.models import Tier, UsageRecord
+    from billing.models import UsageRecord
+    from billing.services.prices import EPOCH, price_create
+    from billing.services.usage import usage_record_create, usage_records_insert
+    from tenants.models import Tier
     from tenants.services.api_keys import api_key_create
     from tenants.services.tenants import tenant_create
-    from tenants.services.usage import usage_record_create, usage_records_insert
 
     tier = Tier.objects.order_by("pk").first() or Tier.objects.create(name=f"bench-{uuid.uuid4().hex[:6]}")
     tenant = tenant_create(slug=f"bench-usage-{uuid.uuid4().hex[:8]}", name="usage records benchmark", tier=tier)
     key = api_key_create(tenant=tenant, name="bench").api_key
+    # a priced model of its own, so every record is costed as the worker's are
+    model = f"bench-{uuid.uuid4().hex[:8]}"
+    price = price_create(model=model, input_per_million="0.15", cached_input_per_million="0.075",
+                         output_per_million="0.6", effective_from=EPOCH)
 
     def fields() -> dict:
-        return dict(request_id=uuid.uuid4().hex, tenant_id=tenant.pk, api_key_id=key.pk, model="bench",
+        return dict(request_id=uuid.uuid4().hex, tenant_id=tenant.pk, api_key_id=key.pk, model=model,
                     tier=tier.name, endpoint="chat.completions", prompt_tokens=150, cached_tokens=0,
                     completion_tokens=64, finish_reason="length", queued_s=0.01, ttft_s=0.1, duration_s=3.0,
-                    worker_id="bench")
+                    worker_id="bench", admitted_at=time.time())
 
     def one_at_a_time() -> None:
         for _ in range(args.records):
@@ -81,6 +87,7 @@ def main() -> None:
                 samples[name].append((time.perf_counter() - started) / count * 1e3)
     finally:
         UsageRecord.objects.filter(tenant=tenant).delete()
+        price.delete()
         key.delete()
         tenant.delete()
     medians, speedup = medians_against(samples, "one at a time (usage_record_create)", unit="ms/record",

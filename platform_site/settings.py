@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "channels",
     "tenants",
+    "billing",
     "inference",
 ]
 
@@ -145,7 +146,18 @@ WORKER_HEARTBEAT_TIMEOUT_S = float(os.environ.get("WORKER_HEARTBEAT_TIMEOUT_S", 
 SSE_KEEPALIVE_S = float(os.environ.get("SSE_KEEPALIVE_S", "15"))
 CELERY_BEAT_SCHEDULE = {
     "reap-dead-workers": {"task": "inference.tasks.reap_dead_workers", "schedule": 5.0, "options": {"expires": 5.0}},
+    # idempotent: a missed or doubled run changes nothing the next one would not
+    "rollup-hourly-usage": {"task": "billing.tasks.rollup_hourly_usage", "schedule": 300.0,
+                            "options": {"expires": 300.0}},
+    "close-invoices": {"task": "billing.tasks.close_invoices", "schedule": 900.0, "options": {"expires": 900.0}},
 }
+
+# ---------------------------------------------------------------- billing
+# Seconds a process keeps its snapshot of prices and tier multipliers; a new
+# price version starts no sooner than this after it is added (billing.services.price_cache).
+PRICE_CACHE_TTL_S = float(os.environ.get("PRICE_CACHE_TTL_S", "10"))
+# Hours after a period ends before its invoices are finalized (late usage records still land in them).
+INVOICE_GRACE_HOURS = float(os.environ.get("INVOICE_GRACE_HOURS", "1"))
 
 # ---------------------------------------------------------------- auth / i18n / static
 AUTH_PASSWORD_VALIDATORS = [

@@ -5,6 +5,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("inference.urls")),
     path("", include("tenants.urls")),
+    path("", include("billing.urls")),
 ]
 
 handler404 = "inference.errors.handler404"

@@ -1,4 +1,4 @@
-"""Operator admin for tiers, tenants, memberships, API keys and usage records.
+"""Operator admin for tiers, tenants, memberships and API keys (usage records: billing.admin).
 
 Secrets never appear: `secret_hash` is excluded from every form and list. A key
 created here is shown exactly once, on the page that answers the add form (it
@@ -15,7 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
-from tenants.models import ApiKey, Membership, Tenant, Tier, UsageRecord
+from tenants.models import ApiKey, Membership, Tenant, Tier
 from tenants.selectors import api_key_status
 from tenants.services.api_keys import api_key_issue, api_key_revoke
 from tenants.services.tenants import tenant_change_tier, tenant_reactivate, tenant_suspend
@@ -220,27 +220,3 @@ class ApiKeyAdmin(admin.ModelAdmin):
         for api_key in queryset:
             api_key_revoke(api_key=api_key)
         self.message_user(request, f"Revoked {queryset.count()} key(s).", messages.SUCCESS)
-
-
-@admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
-    """Read-only ledger: records are written by workers, once per request."""
-
-    list_display = (
-        "request_id", "tenant", "api_key", "model", "tier", "endpoint", "prompt_tokens", "cached_tokens",
-        "completion_tokens", "finish_reason", "queued_s", "ttft_s", "duration_s", "created_at",
-    )
-    list_filter = ("finish_reason", "endpoint", "tier", "model", "created_at")
-    search_fields = ("request_id", "tenant__slug", "api_key__prefix", "worker_id")
-    list_select_related = ("tenant", "api_key")
-    date_hierarchy = "created_at"
-    show_full_result_count = False
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

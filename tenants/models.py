@@ -3,10 +3,20 @@
 Money is integer micro-dollars (1 USD = 1_000_000) everywhere; never floats.
 """
 
+import zoneinfo
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
+
+
+def validate_timezone(name: str) -> None:
+    """An IANA time zone name that this system's tz database knows ("UTC", "America/Los_Angeles")."""
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+        raise ValidationError(f"{name!r} is not an IANA time zone name (e.g. UTC, Europe/Paris)") from exc
 
 
 class Tier(models.Model):
@@ -54,6 +64,10 @@ class Tenant(models.Model):
     # Tenants in the same non-empty group may share prefix-cache blocks (operator decision).
     cache_share_group = models.CharField(max_length=60, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
+    # Billing periods (invoices, budgets, quotas, dashboard days) start at local midnight here.
+    # (Declared last: the name shadows django.utils.timezone inside this class body.)
+    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone],
+                                help_text="IANA time zone name, e.g. America/Los_Angeles")
 
     class Meta:
         ordering = ["name"]
@@ -64,6 +78,10 @@ class Tenant(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status == self.Status.ACTIVE
+
+    @property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.timezone)
 
     @property
     def cache_salt(self) -> str:
@@ -128,41 +146,3 @@ class ApiKey(models.Model):
 
     def has_scope(self, scope: str) -> bool:
         return not self.scopes or scope in self.scopes
-
-
-class UsageRecord(models.Model):
-    """Exactly one per request (unique request_id); written for every outcome."""
-
-    class FinishReason(models.TextChoices):
-        STOP = "stop", "stop"
-        LENGTH = "length", "length"
-        ABORT = "abort", "abort"
-        ERROR = "error", "error"
-
-    request_id = models.CharField(max_length=64, unique=True)
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_records")
-    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="usage_records")
-    model = models.CharField(max_length=100, db_index=True)
-    tier = models.CharField(max_length=40)
-    endpoint = models.CharField(max_length=40, default="chat.completions")
-    prompt_tokens = models.PositiveIntegerField(default=0)
-    cached_tokens = models.PositiveIntegerField(default=0)
-    completion_tokens = models.PositiveIntegerField(default=0)
-    finish_reason = models.CharField(max_length=10, choices=FinishReason.choices)
-    error = models.TextField(blank=True, default="")
-    queued_s = models.FloatField(default=0)
-    ttft_s = models.FloatField(null=True, blank=True)
-    duration_s = models.FloatField(default=0)
-    worker_id = models.CharField(max_length=100, blank=True, default="")
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-        indexes = [models.Index(fields=["tenant", "created_at"], name="usage_tenant_time")]
-
-    def __str__(self) -> str:
-        return self.request_id
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens

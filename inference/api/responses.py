@@ -38,17 +38,26 @@ def response_id(*, endpoint: str, request_id: str) -> str:
 
 
 def usage_body(usage: dict | None) -> dict:
-    """OpenAI `usage` from the engine's {prompt_tokens, cached_tokens, completion_tokens}."""
+    """OpenAI `usage` from the engine's {prompt_tokens, cached_tokens, completion_tokens, cost?}.
+
+    `cost` (an extension: {"currency": "usd", "input", "cached_input", "output",
+    "total"} as decimal strings, billing's frozen cost) is passed through when
+    the worker priced the request; the openai SDK reads it as
+    `usage.model_extra["cost"]`.
+    """
     usage = usage or {}
     prompt = int(usage.get("prompt_tokens") or 0)
     completion = int(usage.get("completion_tokens") or 0)
-    return {
+    body = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": int(usage.get("cached_tokens") or 0)},
         "completion_tokens_details": {"reasoning_tokens": 0},
     }
+    if usage.get("cost"):
+        body["cost"] = usage["cost"]
+    return body
 
 
 def timing_body(timing: dict | None) -> dict:

@@ -60,7 +60,7 @@ def usage_records_safe(records: list[dict[str, Any]]) -> bool:
     Retries a few times on OperationalError (SQLite "database is locked",
     a dropped PostgreSQL connection), reconnecting in between.
     """
-    from tenants.services.usage import usage_records_insert
+    from billing.services.usage import usage_records_insert
 
     if not records:
         return True
@@ -128,6 +128,7 @@ def job_ending(
         "ttft_s": ttft_s,
         "duration_s": e2e_s,
         "worker_id": worker_id,
+        "admitted_at": job.enqueued_at,  # picks the price version (billing)
     }
     timing = {"queued_s": queued_s, "ttft_s": ttft_s, "e2e_s": e2e_s, **(extra_timing or {})}
     event = done_event(
@@ -135,7 +136,25 @@ def job_ending(
         cached_tokens=cached_tokens, completion_tokens=completion_tokens, timing=timing, error=error,
         stop_reason=stop_reason, error_param=error_param,
     )
+    cost = _cost(record)
+    if cost is not None:
+        event["usage"]["cost"] = cost
     return record, event
+
+
+def _cost(record: dict[str, Any]) -> dict[str, str] | None:
+    """The client's `usage.cost`, by the rule that costs the record; None (no cost shown) if pricing fails."""
+    from billing.services.costs import usage_cost_usd
+
+    try:
+        return usage_cost_usd(
+            model=record["model"], tier=record["tier"], admitted_at=record["admitted_at"],
+            prompt_tokens=record["prompt_tokens"], cached_tokens=record["cached_tokens"],
+            completion_tokens=record["completion_tokens"], finish_reason=record["finish_reason"],
+        )
+    except Exception:  # noqa: BLE001 - a done event is never lost to pricing
+        logger.exception("pricing %s failed", record["request_id"])
+        return None
 
 
 def job_finish(*, job: Job, sink: EventSink, **ending: Any) -> None:

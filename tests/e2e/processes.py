@@ -75,7 +75,8 @@ def postgres_database_reset(url: str) -> None:
 def usage_records(database_url: str, request_id: str) -> list[dict]:
     """UsageRecord rows of one request, read straight from the server's database."""
     query = (
-        "SELECT request_id, finish_reason, prompt_tokens, cached_tokens, completion_tokens, tier, endpoint, error "
+        "SELECT request_id, finish_reason, prompt_tokens, cached_tokens, completion_tokens, tier, endpoint, error, "
+        "input_cost_femtos, cached_input_cost_femtos, output_cost_femtos, cost_femtos "
         "FROM tenants_usagerecord WHERE request_id = {}"
     )
     if database_url.startswith("sqlite:///"):

@@ -12,7 +12,7 @@ from channels.layers import InMemoryChannelLayer
 from inference.api.replies import events_unpack
 from inference.worker.events import EventSink
 from inference.worker.reaper import dead_workers_reap
-from tenants.models import UsageRecord
+from billing.models import UsageRecord
 from tests.inference.queue_helpers import make_job, queue_factory  # noqa: F401 - fixture
 
 

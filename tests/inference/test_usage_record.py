@@ -8,8 +8,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tenants.models import UsageRecord
-from tenants.services.usage import usage_record_create, usage_records_insert
+from billing.models import UsageRecord
+from billing.services.price_cache import pricing_snapshot
+from billing.services.usage import usage_record_create, usage_records_insert
 
 
 def _fields(tenant, **overrides):
@@ -125,6 +126,7 @@ def test_a_bad_record_writes_nothing_of_its_batch(tenant_factory):
 def test_a_batch_costs_the_same_queries_whatever_its_size(tenant_factory, api_key_factory):
     tenant = tenant_factory()
     keys = [api_key_factory(tenant=tenant).api_key for _ in range(2)]
+    pricing_snapshot()  # prices are read once per process and TTL (billing.services.price_cache), not per insert
     counts = []
     for size in (1, 16):
         batch = [_fields(tenant, request_id=f"q{size}-{i}", api_key_id=keys[i % 2].pk) for i in range(size)]
@@ -141,7 +143,7 @@ def test_a_batch_costs_the_same_queries_whatever_its_size(tenant_factory, api_ke
 
 @pytest.mark.django_db(transaction=True)
 def test_a_key_deleted_after_the_check_still_gets_its_records_written(tenant_factory, api_key_factory, monkeypatch):
-    from tenants.services import usage
+    from billing.services import usage
 
     tenant = tenant_factory()
     gone = api_key_factory(tenant=tenant).api_key

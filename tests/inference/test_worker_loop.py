@@ -21,7 +21,7 @@ from inference.api.replies import events_unpack
 from inference.queue.memory import MemoryJobQueue
 from inference.worker.events import EventSink
 from inference.worker.loop import WorkerLoop
-from tenants.models import UsageRecord
+from billing.models import UsageRecord
 from tests.inference.queue_helpers import make_job
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

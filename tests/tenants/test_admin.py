@@ -8,8 +8,9 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
+from billing.models import UsageRecord
 from inference.models import ServedModel
-from tenants.models import ApiKey, Membership, Tenant, UsageRecord
+from tenants.models import ApiKey, Membership, Tenant
 from tests.conftest import bearer
 
 KEY_RE = re.compile(r"sk-[a-z0-9]{10}-[A-Za-z0-9]{43}")

@@ -7,6 +7,7 @@ import os
 
 from django.core.management.base import BaseCommand
 
+from billing.services.prices import prices_bootstrap_defaults
 from tenants.services.bootstrap import platform_bootstrap
 
 
@@ -28,6 +29,7 @@ class Command(BaseCommand):
         result = platform_bootstrap(
             admin_username=options["admin_username"], admin_password=password, admin_email=options["admin_email"]
         )
+        prices_bootstrap_defaults()
         base = options["base_url"].rstrip("/")
         write = self.stdout.write
         write("Created: " + (", ".join(result.created) if result.created else "nothing (already bootstrapped)"))

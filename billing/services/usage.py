@@ -6,18 +6,22 @@ may race for the same request, so creation is idempotent on request_id: the
 unique constraint decides. `usage_records_insert` writes the records of many
 requests (a worker's engine step) as one `INSERT ... ON CONFLICT DO NOTHING`;
 `usage_record_create` writes one and returns it, the loser of a race reading
-the winner's.
+the winner's. The cost goes into the same INSERT (billing.services.costs), so
+a record never exists without it, and a replayed finish is never billed twice.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
-from tenants.models import ApiKey, UsageRecord
+from billing.models import UsageRecord
+from billing.services.costs import instant, usage_rows_cost
+from tenants.models import ApiKey
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +45,13 @@ def usage_record_fields(
     ttft_s: float | None = None,
     duration_s: float = 0.0,
     worker_id: str = "",
+    admitted_at: float | datetime | None = None,
 ) -> dict[str, Any]:
-    """The model fields of one request's record, checked and clamped (counts >= 0, cached <= prompt)."""
+    """The model fields of one request's record, checked and clamped (counts >= 0, cached <= prompt).
+
+    `admitted_at` (the job's enqueued_at, unix seconds, or a datetime; default
+    now) picks the price version; the cost columns are added by `usage_rows_cost`.
+    """
     if finish_reason not in _FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {sorted(_FINISH_REASONS)}, not {finish_reason!r}")
     prompt_tokens = max(0, int(prompt_tokens))
@@ -62,6 +71,7 @@ def usage_record_fields(
         "ttft_s": None if ttft_s is None else max(0.0, float(ttft_s)),
         "duration_s": max(0.0, float(duration_s)),
         "worker_id": (worker_id or "")[:100],
+        "admitted_at": instant(admitted_at),
     }
 
 
@@ -83,6 +93,7 @@ def usage_record_create(**fields: Any) -> tuple[UsageRecord, bool]:
     with other numbers changes nothing.
     """
     row = usage_record_fields(**fields)
+    usage_rows_cost([row])
     _drop_deleted_keys([row])
     request_id = row.pop("request_id")
     with transaction.atomic():
@@ -105,6 +116,7 @@ def usage_records_insert(records: Iterable[Mapping[str, Any]]) -> int:
     rows = [usage_record_fields(**record) for record in records]
     if not rows:
         return 0
+    usage_rows_cost(rows)  # in the same INSERT: a record never exists without its cost
     _drop_deleted_keys(rows)
     try:
         _insert(rows)

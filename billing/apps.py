@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class BillingConfig(AppConfig):
+    default_auto_field = "django.db.models.BigAutoField"
+    name = "billing"
+
+    def ready(self) -> None:
+        from billing.services.price_cache import connect_signals
+
+        connect_signals()

@@ -1,0 +1,9 @@
+"""Billing's models, one module per concern."""
+
+from billing.models.adjustments import Adjustment
+from billing.models.invoices import Invoice, InvoiceLine
+from billing.models.prices import Price
+from billing.models.rollups import FillState, HourlyUsage
+from billing.models.usage import UsageRecord
+
+__all__ = ["Adjustment", "FillState", "HourlyUsage", "Invoice", "InvoiceLine", "Price", "UsageRecord"]

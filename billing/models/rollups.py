@@ -1,0 +1,52 @@
+"""Hourly usage aggregates, and how far they are filled (Zulip's analytics FillState pattern).
+
+Daily and monthly figures are sums of hours. An hour's rows are always
+replaced as a whole, from the usage records, so refilling an hour is
+idempotent and a rebuild equals what it replaced.
+"""
+
+from django.db import models
+
+from tenants.models import ApiKey, Tenant
+
+
+class HourlyUsage(models.Model):
+    """One tenant, API key, model and tier in one UTC hour: counts and cost (femto-USD)."""
+
+    hour = models.DateTimeField(help_text="Start of the UTC hour")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    model = models.CharField(max_length=100)
+    tier = models.CharField(max_length=40)
+    requests = models.BigIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0, help_text="Uncached prompt tokens")
+    cached_input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    input_cost_femtos = models.BigIntegerField(default=0)
+    cached_input_cost_femtos = models.BigIntegerField(default=0)
+    output_cost_femtos = models.BigIntegerField(default=0)
+    cost_femtos = models.BigIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "hour"], name="hourly_usage_tenant_hour"),
+                   models.Index(fields=["hour"], name="hourly_usage_hour")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.model} {self.hour:%Y-%m-%d %H}:00"
+
+
+class FillState(models.Model):
+    """How far a rollup is filled: every hour before `end` is done.
+
+    `last_record_id` is the highest usage record id the last fill saw: a
+    record with a higher id in an already filled hour (a late finish) makes
+    the next run refill that hour.
+    """
+
+    name = models.CharField(max_length=40, unique=True)
+    end = models.DateTimeField()
+    last_record_id = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} filled to {self.end:%Y-%m-%d %H}:00"

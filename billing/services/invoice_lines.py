@@ -1,0 +1,131 @@
+"""What a tenant owes for a period, as invoice lines computed from the ledger.
+
+Lines per model, token kind (uncached input, cached input, output), price
+version and tier multiplier (a price or tier change mid-month gives each
+version its own lines), plus one line per adjustment dated in the period.
+Only records that cost something are billed (errors before the first token,
+unpriced models: nothing). Each line keeps its exact cost and is rounded once
+to the cent, half to even.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import F, Sum
+
+from billing.models import Adjustment, InvoiceLine, Price, UsageRecord
+from billing.money import cents_round, femtos_to_usd
+from tenants.models import Tenant
+
+Key = tuple  # (kind, model, price id, multiplier text) | ("adjustment", "", adjustment id, "")
+
+_KINDS = (  # line kind, tokens sum, cost sum, the price's column
+    (InvoiceLine.Kind.INPUT, "input_tokens", "input_femtos", "input_per_million"),
+    (InvoiceLine.Kind.CACHED_INPUT, "cached_tokens", "cached_femtos", "cached_input_per_million"),
+    (InvoiceLine.Kind.OUTPUT, "output_tokens", "output_femtos", "output_per_million"),
+)
+
+
+@dataclass(slots=True)
+class LineDraft:
+    kind: str
+    model: str
+    price_id: int | None
+    multiplier: Decimal
+    quantity: int
+    femtos: int
+    description: str
+    unit_price: str = ""
+
+    @property
+    def key(self) -> Key:
+        return (self.kind, self.model, self.price_id, format(self.multiplier.normalize(), "f"))
+
+    @property
+    def amount_cents(self) -> int:
+        return int(cents_round(femtos_to_usd(self.femtos)) * 100)
+
+    def line(self, *, invoice, position: int) -> InvoiceLine:
+        return InvoiceLine(
+            invoice=invoice, position=position, kind=self.kind, model=self.model, price_id=self.price_id,
+            price_multiplier=self.multiplier, description=self.description[:300], quantity=self.quantity,
+            unit_price_per_million=self.unit_price, exact_usd=format(femtos_to_usd(self.femtos), "f"),
+            amount_cents=self.amount_cents,
+        )
+
+
+def _plain(value: Decimal) -> str:
+    return format(value.normalize(), "f")
+
+
+def usage_line_drafts(*, tenant: Tenant, start: datetime, end: datetime) -> list[LineDraft]:
+    groups = list(
+        UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end, cost_femtos__gt=0)
+        .order_by()
+        .values("model", "price_id", "price_multiplier")
+        .annotate(
+            input_tokens=Sum(F("prompt_tokens") - F("cached_tokens")), cached_tokens=Sum("cached_tokens"),
+            output_tokens=Sum("completion_tokens"), input_femtos=Sum("input_cost_femtos"),
+            cached_femtos=Sum("cached_input_cost_femtos"), output_femtos=Sum("output_cost_femtos"),
+        )
+    )
+    prices = Price.objects.in_bulk({group["price_id"] for group in groups})
+    drafts = []
+    for group in sorted(groups, key=lambda g: (g["model"], prices[g["price_id"]].effective_from)):
+        price = prices[group["price_id"]]
+        multiplier = Decimal(group["price_multiplier"])
+        for kind, tokens, femtos, column in _KINDS:
+            if not group[tokens] and not group[femtos]:
+                continue
+            unit = getattr(price, column) * multiplier
+            note = f" x tier {_plain(multiplier)}" if multiplier != 1 else ""
+            drafts.append(LineDraft(
+                kind=kind, model=group["model"], price_id=price.pk, multiplier=multiplier,
+                quantity=int(group[tokens]), femtos=int(group[femtos]), unit_price=_plain(unit),
+                description=(f"{group['model']}: {InvoiceLine.Kind(kind).label}, price from "
+                             f"{price.effective_from:%Y-%m-%d %H:%M} UTC (#{price.pk}){note}"),
+            ))
+    return drafts
+
+
+def adjustment_line_drafts(*, tenant: Tenant, start: datetime, end: datetime) -> list[LineDraft]:
+    drafts = []
+    for adjustment in Adjustment.objects.filter(tenant=tenant, effective_at__gte=start, effective_at__lt=end).order_by(
+            "effective_at", "pk"):
+        drafts.append(LineDraft(
+            kind=InvoiceLine.Kind.ADJUSTMENT, model="", price_id=adjustment.pk, multiplier=Decimal(0), quantity=1,
+            femtos=adjustment.signed_femtos, description=f"{adjustment.get_kind_display()}: {adjustment.reason}",
+        ))
+    return drafts
+
+
+def period_line_drafts(*, tenant: Tenant, start: datetime, end: datetime) -> list[LineDraft]:
+    return usage_line_drafts(tenant=tenant, start=start, end=end) + adjustment_line_drafts(
+        tenant=tenant, start=start, end=end)
+
+
+def line_key(line: InvoiceLine) -> Key:
+    if line.kind == InvoiceLine.Kind.ADJUSTMENT:
+        return (line.kind, "", line.price_id, "0")
+    return (line.kind, line.model, line.price_id, format(Decimal(line.price_multiplier).normalize(), "f"))
+
+
+def drafts_minus_billed(drafts: Iterable[LineDraft], billed: Iterable[InvoiceLine]) -> list[LineDraft]:
+    """What `drafts` (the ledger now) adds to the `billed` lines (an invoice and its credit notes), per key."""
+    done: dict[Key, tuple[int, int]] = {}
+    for line in billed:
+        quantity, femtos = done.get(line_key(line), (0, 0))
+        femtos_line = int(Decimal(line.exact_usd).scaleb(15))
+        done[line_key(line)] = (quantity + line.quantity, femtos + femtos_line)
+    differences = []
+    for draft in drafts:
+        quantity, femtos = done.pop(draft.key, (0, 0))
+        if (draft.quantity, draft.femtos) != (quantity, femtos):
+            draft.quantity -= quantity
+            draft.femtos -= femtos
+            differences.append(draft)
+    return differences

@@ -1,0 +1,100 @@
+"""Price versions: added, never edited (a new `effective_from` supersedes the last)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from decimal import Decimal, InvalidOperation
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import Price
+from billing.money import per_million_to_picos
+from billing.services.price_cache import ttl_s
+
+# The demo model's list price, USD per 1M tokens (cached input at half the input price).
+DEFAULT_PRICES: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m-instruct": ("0.050000", "0.025000", "0.100000"),
+}
+# Before any request could have been served: the first price covers everything.
+EPOCH = datetime(2000, 1, 1, tzinfo=dt_timezone.utc)
+
+
+def _price(value: Decimal | str | int, label: str) -> Decimal:
+    try:
+        price = Decimal(str(value))
+        per_million_to_picos(price)
+    except (InvalidOperation, ValueError) as exc:
+        raise ValidationError({label: f"a price in USD per 1M tokens with at most 6 decimal places, not {value!r}"}) from exc
+    if price < 0 or not price.is_finite():
+        raise ValidationError({label: "a price is a finite amount >= 0"})
+    return price
+
+
+def price_lead_time() -> timedelta:
+    """How far ahead of now a new version must start so every process's price cache sees it first."""
+    return timedelta(seconds=ttl_s())
+
+
+def price_start_check(*, model: str, effective_from: datetime | None, now: datetime | None = None,
+                      lock: bool = False) -> datetime:
+    """The start of a new version of `model` (default: the earliest allowed), or ValidationError."""
+    now = now or timezone.now()
+    earliest = now + price_lead_time()
+    if effective_from is None:
+        effective_from = earliest
+    if timezone.is_naive(effective_from):
+        raise ValidationError({"effective_from": "a time with its UTC offset (ISO-8601, e.g. 2026-12-01T00:00:00Z)"})
+    existing = Price.objects.filter(model=model)
+    if lock:  # serialise versions of one model: this check and the insert see the same history
+        existing = existing.select_for_update()
+    if existing.exists() and effective_from < earliest:
+        raise ValidationError(
+            {"effective_from": f"a new version of a priced model starts at {earliest.isoformat()} or later"}
+        )
+    if existing.filter(effective_from=effective_from).exists():
+        raise ValidationError({"effective_from": "this model already has a version starting then"})
+    return effective_from
+
+
+@transaction.atomic
+def price_create(
+    *,
+    model: str,
+    input_per_million: Decimal | str,
+    cached_input_per_million: Decimal | str,
+    output_per_million: Decimal | str,
+    effective_from: datetime | None = None,
+    created_by=None,
+    note: str = "",
+    now: datetime | None = None,
+) -> Price:
+    """Add a price version. Default start: as soon as every process can see it (now + the cache TTL).
+
+    A model's first price may start at any time (nothing was priced before it);
+    a later one no sooner than `price_lead_time()` from now, so that no request
+    is costed with a version another process has not seen yet.
+    """
+    now = now or timezone.now()
+    model = (model or "").strip()
+    if not model:
+        raise ValidationError({"model": "the served model's name is required"})
+    prices = {
+        "input_per_million": _price(input_per_million, "input_per_million"),
+        "cached_input_per_million": _price(cached_input_per_million, "cached_input_per_million"),
+        "output_per_million": _price(output_per_million, "output_per_million"),
+    }
+    effective_from = price_start_check(model=model, effective_from=effective_from, now=now, lock=True)
+    return Price.objects.create(model=model, effective_from=effective_from, created_by=created_by, note=note, **prices)
+
+
+def prices_bootstrap_defaults() -> list[Price]:
+    """Give each demo model its list price if it has none yet (idempotent); the created versions."""
+    created = []
+    for model, (input_, cached, output) in DEFAULT_PRICES.items():
+        if not Price.objects.filter(model=model).exists():
+            created.append(price_create(model=model, input_per_million=input_, cached_input_per_million=cached,
+                                        output_per_million=output, effective_from=EPOCH, note="bootstrap default"))
+    return created

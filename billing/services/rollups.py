@@ -1,0 +1,115 @@
+"""Hourly usage rollups: filled from the usage records, idempotent, crash-safe, late records folded in.
+
+After Zulip's analytics/lib/counts.py: a FillState row says how far the
+rollup is filled; a run fills every complete hour since, replacing each hour's
+rows as a whole from the records (so refilling is idempotent, and a rebuild
+equals what it replaced). A run is one transaction holding the FillState row
+lock: a crash rolls it back whole and the next run redoes it; two runs never
+interleave.
+
+Late records: a record can commit after its hour was filled (its transaction
+began before the hour ended), or be written with an old `created_at`. Each
+run refills the last LOOKBACK before the filled end, and every older hour
+holding a record whose id is above the last run's high-water mark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+
+from django.db import transaction
+from django.db.models import Count, F, Max, Sum
+from django.db.models.functions import TruncHour
+from django.utils import timezone
+
+from billing.models import FillState, HourlyUsage, UsageRecord
+
+ROLLUP = "hourly_usage"
+HOUR = timedelta(hours=1)
+LOOKBACK = timedelta(hours=1)
+CHUNK = timedelta(days=7)  # hours aggregated per query on a long backfill
+
+SUMS = {
+    "requests": Count("id"),
+    "input_tokens": Sum(F("prompt_tokens") - F("cached_tokens")),
+    "cached_input_tokens": Sum("cached_tokens"),
+    "output_tokens": Sum("completion_tokens"),
+    "input_cost_femtos": Sum("input_cost_femtos"),
+    "cached_input_cost_femtos": Sum("cached_input_cost_femtos"),
+    "output_cost_femtos": Sum("output_cost_femtos"),
+    "cost_femtos": Sum("cost_femtos"),
+}
+DIMENSIONS = ("tenant_id", "api_key_id", "model", "tier")
+
+
+def hour_floor(instant: datetime) -> datetime:
+    return instant.astimezone(dt_timezone.utc).replace(minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True, slots=True)
+class FillResult:
+    start: datetime | None  # the earliest hour (re)filled, None when nothing was
+    end: datetime
+    late_hours: int
+    rows: int
+
+
+def hourly_rows(*, start: datetime, end: datetime) -> list[HourlyUsage]:
+    """The rollup rows of the hours in [start, end), computed from the records (not saved)."""
+    grouped = (
+        UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
+        .annotate(bucket=TruncHour("created_at", tzinfo=dt_timezone.utc))
+        .order_by()
+        .values("bucket", *DIMENSIONS)
+        .annotate(**SUMS)
+    )
+    return [HourlyUsage(hour=row.pop("bucket"), **row) for row in grouped]
+
+
+def _refill(start: datetime, end: datetime) -> int:
+    HourlyUsage.objects.filter(hour__gte=start, hour__lt=end).delete()
+    total = 0
+    cursor = start
+    while cursor < end:
+        upto = min(cursor + CHUNK, end)
+        rows = hourly_rows(start=cursor, end=upto)
+        HourlyUsage.objects.bulk_create(rows, batch_size=2000)
+        total += len(rows)
+        cursor = upto
+    return total
+
+
+@transaction.atomic
+def hourly_usage_fill(*, now: datetime | None = None) -> FillResult:
+    """Fill every complete hour up to `now` (default: the clock), refilling late ones."""
+    target = hour_floor(now or timezone.now())
+    high_water = UsageRecord.objects.aggregate(top=Max("id"))["top"] or 0
+    state = FillState.objects.select_for_update().filter(name=ROLLUP).first()
+    if state is None:
+        first = UsageRecord.objects.order_by("created_at").values_list("created_at", flat=True).first()
+        state = FillState(name=ROLLUP, end=hour_floor(first) if first else target)
+        late: set[datetime] = set()
+        start = state.end
+    else:
+        start = min(state.end - LOOKBACK, target)
+        late = {
+            hour_floor(created)
+            for created in UsageRecord.objects.filter(id__gt=state.last_record_id, created_at__lt=start)
+            .values_list("created_at", flat=True)
+        }
+    rows = sum(_refill(hour, hour + HOUR) for hour in sorted(late))
+    if start < target:
+        rows += _refill(start, target)
+    state.end = max(state.end, target)
+    state.last_record_id = max(state.last_record_id, high_water)
+    state.save()
+    earliest = min([*late, start]) if (late or start < target) else None
+    return FillResult(start=earliest, end=state.end, late_hours=len(late), rows=rows)
+
+
+@transaction.atomic
+def hourly_usage_rebuild(*, start: datetime, end: datetime) -> int:
+    """Recompute the hours in [start, end) from the records; returns the rows written."""
+    return _refill(hour_floor(start), hour_floor(end))
