@@ -1,7 +1,7 @@
 """Admission: what the web calls before it queues a request, and what the worker calls when it ends.
 
 `aadmission_reserve` builds the request's plan (every limit that applies:
-billing.services.limits) and reserves it in one backend call, one Redis round
+tenants.services.limits) and reserves it in one backend call, one Redis round
 trip: requests and tokens per minute (tokens: the prompt plus `max_tokens`),
 a concurrency slot, the period's token quota and budget (the worst-case cost:
 every prompt token at the uncached input price plus `max_tokens` at the
@@ -33,7 +33,7 @@ from billing.admission import AdmissionUnavailable, get_admission_backend
 from billing.admission.base import QUOTA, REQUESTS, SPEND, TOKENS, Actual, Bucket, Counter, Plan, Slot
 from billing.admission.headers import quota_message, rate_message, ratelimit_headers, retry_after_headers
 from billing.periods import Period, month_containing
-from billing.services.limits import ScopeLimits, key_limits, tenant_limits
+from tenants.services.limits import ScopeLimits, key_limits, tenant_limits
 from inference.errors import InsufficientQuota, RateLimited, ServiceUnavailable
 
 logger = logging.getLogger(__name__)

@@ -77,3 +77,51 @@ def limits_explain(*, tenant, api_key=None) -> list[LimitSource]:
         rows.append(LimitSource(name=name, tier=tier_value, override=key_value if api_key is not None else override,
                                 effective=effective, source=source if effective else "none"))
     return rows
+
+
+# Command-line and admin names of the limits -> field names.
+LIMIT_OPTIONS = {
+    "rpm": "requests_per_minute",
+    "tpm": "tokens_per_minute",
+    "max-concurrent": "max_concurrent_requests",
+    "monthly-token-quota": "monthly_token_quota",
+    "monthly-budget-usd": "monthly_spend_limit_micros",
+}
+
+
+def usd_to_micros(value) -> int:
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        micros = Decimal(str(value)) * 1_000_000
+    except InvalidOperation as exc:
+        raise ValueError(f"a budget in USD, e.g. 25 or 12.50, not {value!r}") from exc
+    if micros < 0 or micros != micros.to_integral_value():
+        raise ValueError(f"a budget in USD >= 0 with at most 6 decimal places, not {value!r}")
+    return int(micros)
+
+
+def limits_set(*, tenant, api_key=None, values: dict[str, int], clear: list[str] = ()) -> list[LimitSource]:
+    """Set (or clear) limit overrides of a tenant, or of one of its keys; the effective limits after.
+
+    `values` maps field names (LIMIT_FIELDS) to integers >= 0 (0: no limit;
+    budgets in micro-dollars). Clearing a tenant's override falls back to its
+    tier (its budget to none); clearing a key's leaves only its tenant's.
+    The auth cache drops the row on save, so the next request sees the change.
+    """
+    target = api_key if api_key is not None else tenant
+    for name in clear:
+        if name not in LIMIT_FIELDS:
+            raise ValueError(f"unknown limit {name!r}; one of {', '.join(LIMIT_OPTIONS)}")
+        if name in values:
+            raise ValueError(f"{name} is both set and cleared")
+        setattr(target, name, 0 if (target is tenant and name == "monthly_spend_limit_micros") else None)
+    for name, value in values.items():
+        if name not in LIMIT_FIELDS:
+            raise ValueError(f"unknown limit {name!r}")
+        if value is None or int(value) < 0:
+            raise ValueError(f"{name} is a whole number >= 0 (0: no limit)")
+        setattr(target, name, int(value))
+    target.full_clean()
+    target.save()
+    return limits_explain(tenant=tenant, api_key=api_key)
