@@ -71,10 +71,10 @@ def _window(request, width: str, limits: tuple[int, int]) -> tuple[datetime, dat
         raise InvalidRequest("start_time is required (Unix seconds).", param="start_time")
     end_s = _int_param(request, "end_time")
     limit = _int_param(request, "limit", default=limits[0], low=1, high=limits[1])
-    start = bucket_floor(datetime.fromtimestamp(start_s, tz=UTC), width)
     end = datetime.fromtimestamp(end_s, tz=UTC) if end_s is not None else timezone.now()
-    if end <= start:
+    if end.timestamp() <= start_s:
         raise InvalidRequest("end_time must be after start_time.", param="end_time")
+    start = bucket_floor(datetime.fromtimestamp(start_s, tz=UTC), width)
     start = max(start, _page_start(request) or start)
     step = WIDTHS[width]
     page_end = min(start + step * limit, end)
@@ -194,6 +194,7 @@ def invoice_payload(invoice: Invoice, *, lines: bool) -> dict:
     if lines:
         body["lines"] = [{
             "kind": line.kind, "model": line.model or None, "price_id": line.price_id,
+            "adjustment_id": line.adjustment_id,
             "price_multiplier": str(line.price_multiplier), "description": line.description,
             "quantity": line.quantity, "unit_price_per_million": line.unit_price_per_million or None,
             "exact": line.exact_usd, "amount": str(line.amount),

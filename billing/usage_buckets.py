@@ -3,7 +3,9 @@
 Whole hours already rolled up are read from HourlyUsage; whatever the rollup
 has not reached yet (after its FillState end, or every minute bucket) is
 summed from the usage records. Both hold the same integers, so the figures
-equal the records' sums whatever the bucket width or grouping.
+equal the records' sums whatever the bucket width or grouping. (A record
+written late into an hour already rolled up shows once the next rollup run,
+at most its beat interval later, has folded it in.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from datetime import timezone as dt_timezone
 from django.db.models import Count, F, Sum
 from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 
-from billing.models import FillState, HourlyUsage, UsageRecord
+from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
 from billing.services.rollups import ROLLUP
 from tenants.models import Tenant
 
@@ -70,31 +72,45 @@ def _rolled_up_until() -> datetime | None:
     return FillState.objects.filter(name=ROLLUP).values_list("end", flat=True).first()
 
 
+def _rollup_rows(model, field: str, lower: datetime, upper: datetime, query: Query, trunc=None):
+    fields = {name: pair[0] for name, pair in DIMENSIONS.items()}
+    rows = _filtered(model.objects.filter(**{f"{field}__gte": lower, f"{field}__lt": upper}), query, fields)
+    bucket = trunc(field, tzinfo=UTC) if trunc else F(field)
+    return (rows.annotate(bucket=bucket).order_by().values("bucket", *(fields[g] for g in query.group_by))
+            .annotate(**{name: Sum(name) for name in FIGURES})), fields
+
+
 def usage_sums(query: Query) -> dict[datetime, dict[tuple, dict[str, int]]]:
-    """bucket start -> group key (values of query.group_by) -> FIGURES sums."""
+    """bucket start -> group key (values of query.group_by) -> FIGURES sums.
+
+    Day buckets read whole days from DailyUsage, the filled hours of the day
+    the rollup is in from HourlyUsage; hour buckets read HourlyUsage; the
+    rest (and every minute bucket) comes from the records.
+    """
     out: dict[datetime, dict[tuple, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: dict.fromkeys(FIGURES, 0)))
     split = query.start
     if query.width != "1m":
         filled = _rolled_up_until()
         split = min(max(filled, query.start), query.end) if filled else query.start
-        if split > query.start:
-            fields = {name: pair[0] for name, pair in DIMENSIONS.items()}
-            rows = (_filtered(HourlyUsage.objects.filter(hour__gte=query.start, hour__lt=split), query, fields)
-                    .annotate(bucket=_TRUNC[query.width]("hour", tzinfo=UTC)).order_by()
-                    .values("bucket", *(fields[g] for g in query.group_by))
-                    .annotate(**{name: Sum(name) for name in FIGURES}))
-            _add(out, rows, query.group_by, fields)
+        hours_from = query.start
+        if query.width == "1d":
+            hours_from = max(min(bucket_floor(split, "1d"), split), query.start)
+            if hours_from > query.start:
+                _add(out, *_rollup_rows(DailyUsage, "day", query.start, hours_from, query), query.group_by)
+        if split > hours_from:
+            trunc = TruncDay if query.width == "1d" else None
+            _add(out, *_rollup_rows(HourlyUsage, "hour", hours_from, split, query, trunc), query.group_by)
     if split < query.end:
         fields = {name: pair[1] for name, pair in DIMENSIONS.items()}
         rows = (_filtered(UsageRecord.objects.filter(created_at__gte=split, created_at__lt=query.end), query, fields)
                 .annotate(bucket=_TRUNC[query.width]("created_at", tzinfo=UTC)).order_by()
                 .values("bucket", *(fields[g] for g in query.group_by))
                 .annotate(**_RECORD_SUMS))
-        _add(out, rows, query.group_by, fields)
+        _add(out, rows, fields, query.group_by)
     return out
 
 
-def _add(out, rows: Iterable[dict], group_by: tuple[str, ...], fields: dict[str, str]) -> None:
+def _add(out, rows: Iterable[dict], fields: dict[str, str], group_by: tuple[str, ...]) -> None:
     for row in rows:
         bucket = row["bucket"].astimezone(UTC)
         sums = out[bucket][tuple(row[fields[g]] for g in group_by)]

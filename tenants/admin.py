@@ -83,7 +83,8 @@ def _shown(value):
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = (
-        "name", "slug", "tier", "status", "spend_limit_usd", "active_keys", "cache_share_group", "created_at",
+        "name", "slug", "tier", "status", "timezone", "spend_limit_usd", "active_keys", "cache_share_group",
+        "created_at",
     )
     list_filter = ("status", "tier", "created_at")
     search_fields = ("name", "slug")

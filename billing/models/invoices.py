@@ -18,6 +18,7 @@ from decimal import Decimal
 from django.db import models
 from django.utils.timezone import now
 
+from billing.models.adjustments import Adjustment
 from billing.models.prices import Price
 from tenants.models import Tenant
 
@@ -85,6 +86,7 @@ class InvoiceLine(models.Model):
     kind = models.CharField(max_length=12, choices=Kind.choices)
     model = models.CharField(max_length=100, blank=True, default="")
     price = models.ForeignKey(Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    adjustment = models.ForeignKey(Adjustment, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     price_multiplier = models.DecimalField(max_digits=6, decimal_places=3, default=1)
     description = models.CharField(max_length=300)
     quantity = models.BigIntegerField(default=0, help_text="Tokens (1 for an adjustment)")

@@ -1,8 +1,9 @@
-"""Hourly usage aggregates, and how far they are filled (Zulip's analytics FillState pattern).
+"""Usage aggregates per hour and per day, and how far they are filled (Zulip's analytics FillState pattern).
 
-Daily and monthly figures are sums of hours. An hour's rows are always
-replaced as a whole, from the usage records, so refilling an hour is
-idempotent and a rebuild equals what it replaced.
+An hour's rows are always replaced as a whole, from the usage records, and a
+day's rows as the sum of its hour rows, so refilling is idempotent and a
+rebuild equals what it replaced. Days exist so that month-long reads stay
+small (31 rows per group instead of 744).
 """
 
 from django.db import models
@@ -10,10 +11,9 @@ from django.db import models
 from tenants.models import ApiKey, Tenant
 
 
-class HourlyUsage(models.Model):
-    """One tenant, API key, model and tier in one UTC hour: counts and cost (femto-USD)."""
+class UsageFigures(models.Model):
+    """One tenant, API key, model and tier in one UTC bucket: counts and cost (femto-USD)."""
 
-    hour = models.DateTimeField(help_text="Start of the UTC hour")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     model = models.CharField(max_length=100)
@@ -28,6 +28,13 @@ class HourlyUsage(models.Model):
     cost_femtos = models.BigIntegerField(default=0)
 
     class Meta:
+        abstract = True
+
+
+class HourlyUsage(UsageFigures):
+    hour = models.DateTimeField(help_text="Start of the UTC hour")
+
+    class Meta:
         indexes = [models.Index(fields=["tenant", "hour"], name="hourly_usage_tenant_hour"),
                    models.Index(fields=["hour"], name="hourly_usage_hour")]
 
@@ -35,8 +42,19 @@ class HourlyUsage(models.Model):
         return f"{self.tenant_id} {self.model} {self.hour:%Y-%m-%d %H}:00"
 
 
+class DailyUsage(UsageFigures):
+    day = models.DateTimeField(help_text="Start of the UTC day")
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "day"], name="daily_usage_tenant_day"),
+                   models.Index(fields=["day"], name="daily_usage_day")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.model} {self.day:%Y-%m-%d}"
+
+
 class FillState(models.Model):
-    """How far a rollup is filled: every hour before `end` is done.
+    """How far the rollups are filled: every hour before `end` is done (and its day summed).
 
     `last_record_id` is the highest usage record id the last fill saw: a
     record with a higher id in an already filled hour (a late finish) makes

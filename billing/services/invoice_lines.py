@@ -21,7 +21,7 @@ from billing.models import Adjustment, InvoiceLine, Price, UsageRecord
 from billing.money import cents_round, femtos_to_usd
 from tenants.models import Tenant
 
-Key = tuple  # (kind, model, price id, multiplier text) | ("adjustment", "", adjustment id, "")
+Key = tuple  # (kind, model, price id, multiplier text) | ("adjustment", "", adjustment id, "0")
 
 _KINDS = (  # line kind, tokens sum, cost sum, the price's column
     (InvoiceLine.Kind.INPUT, "input_tokens", "input_femtos", "input_per_million"),
@@ -40,9 +40,12 @@ class LineDraft:
     femtos: int
     description: str
     unit_price: str = ""
+    adjustment_id: int | None = None
 
     @property
     def key(self) -> Key:
+        if self.adjustment_id is not None:
+            return (self.kind, "", self.adjustment_id, "0")
         return (self.kind, self.model, self.price_id, format(self.multiplier.normalize(), "f"))
 
     @property
@@ -52,6 +55,7 @@ class LineDraft:
     def line(self, *, invoice, position: int) -> InvoiceLine:
         return InvoiceLine(
             invoice=invoice, position=position, kind=self.kind, model=self.model, price_id=self.price_id,
+            adjustment_id=self.adjustment_id,
             price_multiplier=self.multiplier, description=self.description[:300], quantity=self.quantity,
             unit_price_per_million=self.unit_price, exact_usd=format(femtos_to_usd(self.femtos), "f"),
             amount_cents=self.amount_cents,
@@ -97,7 +101,8 @@ def adjustment_line_drafts(*, tenant: Tenant, start: datetime, end: datetime) ->
     for adjustment in Adjustment.objects.filter(tenant=tenant, effective_at__gte=start, effective_at__lt=end).order_by(
             "effective_at", "pk"):
         drafts.append(LineDraft(
-            kind=InvoiceLine.Kind.ADJUSTMENT, model="", price_id=adjustment.pk, multiplier=Decimal(0), quantity=1,
+            kind=InvoiceLine.Kind.ADJUSTMENT, model="", price_id=None, adjustment_id=adjustment.pk,
+            multiplier=Decimal(0), quantity=1,
             femtos=adjustment.signed_femtos, description=f"{adjustment.get_kind_display()}: {adjustment.reason}",
         ))
     return drafts
@@ -109,8 +114,8 @@ def period_line_drafts(*, tenant: Tenant, start: datetime, end: datetime) -> lis
 
 
 def line_key(line: InvoiceLine) -> Key:
-    if line.kind == InvoiceLine.Kind.ADJUSTMENT:
-        return (line.kind, "", line.price_id, "0")
+    if line.adjustment_id is not None:
+        return (line.kind, "", line.adjustment_id, "0")
     return (line.kind, line.model, line.price_id, format(Decimal(line.price_multiplier).normalize(), "f"))
 
 

@@ -2,8 +2,8 @@
 
 After Zulip's analytics/lib/counts.py: a FillState row says how far the
 rollup is filled; a run fills every complete hour since, replacing each hour's
-rows as a whole from the records (so refilling is idempotent, and a rebuild
-equals what it replaced). A run is one transaction holding the FillState row
+rows as a whole from the records, then each touched day's rows from its hours
+(so refilling is idempotent, and a rebuild equals what it replaced). A run is one transaction holding the FillState row
 lock: a crash rolls it back whole and the next run redoes it; two runs never
 interleave.
 
@@ -24,10 +24,11 @@ from django.db.models import Count, F, Max, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from billing.models import FillState, HourlyUsage, UsageRecord
+from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
 
 ROLLUP = "hourly_usage"
 HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
 LOOKBACK = timedelta(hours=1)
 CHUNK = timedelta(days=7)  # hours aggregated per query on a long backfill
 
@@ -42,10 +43,15 @@ SUMS = {
     "cost_femtos": Sum("cost_femtos"),
 }
 DIMENSIONS = ("tenant_id", "api_key_id", "model", "tier")
+FIGURES = tuple(SUMS)
 
 
 def hour_floor(instant: datetime) -> datetime:
     return instant.astimezone(dt_timezone.utc).replace(minute=0, second=0, microsecond=0)
+
+
+def day_floor(instant: datetime) -> datetime:
+    return hour_floor(instant).replace(hour=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,7 @@ def hourly_rows(*, start: datetime, end: datetime) -> list[HourlyUsage]:
 
 
 def _refill(start: datetime, end: datetime) -> int:
+    """Replace the hours in [start, end) from the records, then the days they fall in from their hours."""
     HourlyUsage.objects.filter(hour__gte=start, hour__lt=end).delete()
     total = 0
     cursor = start
@@ -78,7 +85,29 @@ def _refill(start: datetime, end: datetime) -> int:
         HourlyUsage.objects.bulk_create(rows, batch_size=2000)
         total += len(rows)
         cursor = upto
+    day = day_floor(start)
+    while day < end:
+        _refill_day(day)
+        day += DAY
     return total
+
+
+def _refill_day(day: datetime) -> None:
+    DailyUsage.objects.filter(day=day).delete()
+    grouped = (HourlyUsage.objects.filter(hour__gte=day, hour__lt=day + DAY).order_by()
+               .values(*DIMENSIONS).annotate(**{name: Sum(name) for name in FIGURES}))
+    DailyUsage.objects.bulk_create([DailyUsage(day=day, **row) for row in grouped], batch_size=2000)
+
+
+def _runs(hours: list[datetime]) -> list[tuple[datetime, datetime]]:
+    """Sorted hours as [start, end) ranges of consecutive hours (one refill per range)."""
+    runs: list[tuple[datetime, datetime]] = []
+    for hour in hours:
+        if runs and runs[-1][1] == hour:
+            runs[-1] = (runs[-1][0], hour + HOUR)
+        else:
+            runs.append((hour, hour + HOUR))
+    return runs
 
 
 @transaction.atomic
@@ -99,7 +128,7 @@ def hourly_usage_fill(*, now: datetime | None = None) -> FillResult:
             for created in UsageRecord.objects.filter(id__gt=state.last_record_id, created_at__lt=start)
             .values_list("created_at", flat=True)
         }
-    rows = sum(_refill(hour, hour + HOUR) for hour in sorted(late))
+    rows = sum(_refill(first, end) for first, end in _runs(sorted(late)))
     if start < target:
         rows += _refill(start, target)
     state.end = max(state.end, target)
@@ -111,5 +140,5 @@ def hourly_usage_fill(*, now: datetime | None = None) -> FillResult:
 
 @transaction.atomic
 def hourly_usage_rebuild(*, start: datetime, end: datetime) -> int:
-    """Recompute the hours in [start, end) from the records; returns the rows written."""
+    """Recompute the hours in [start, end) (and their days) from the records; returns the hour rows written."""
     return _refill(hour_floor(start), hour_floor(end))

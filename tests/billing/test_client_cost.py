@@ -51,3 +51,37 @@ def test_streamed_cost_on_the_usage_chunk(client, server):
     [record] = usage_record_wait(server.database_url, stream.response.headers["x-request-id"])
     _assert_cost_is_the_records(chunks[-1].usage.model_extra["cost"], record)
     assert all(chunk.usage is None for chunk in chunks[:-1])
+
+
+async def test_websocket_done_frames_carry_the_cost_and_a_cancelled_request_pays_for_its_tokens(server):
+    import asyncio
+    import json
+
+    from websockets.asyncio.client import connect
+
+    from billing.services.prices import DEFAULT_PRICES
+
+    input_price, cached_price, output_price = (Decimal(p) for p in DEFAULT_PRICES[MODEL])  # the pro tier: x1
+    ws = await connect(server.url.replace("http://", "ws://") + "/v1/realtime",
+                       additional_headers={"Authorization": f"Bearer {server.keys['pro']}"})
+    recv = lambda: asyncio.wait_for(ws.recv(), 120)  # noqa: E731
+    assert json.loads(await recv())["type"] == "authenticated"
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    await ws.send(json.dumps({"type": "request", "id": "c1", "endpoint": "chat.completions", "body": body}))
+    chunks = 0
+    while True:
+        frame = json.loads(await recv())
+        if frame["type"] == "done":
+            break
+        chunks += 1
+        if chunks == 3:
+            await ws.send(json.dumps({"type": "cancel", "id": "c1"}))
+    await ws.close()
+    usage = frame["usage"]
+    assert frame["finish_reason"] == "abort" and 0 < usage["completion_tokens"] < 200
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    cost = usage["cost"]
+    assert Decimal(cost["output"]) == usage["completion_tokens"] * output_price / 10**6
+    assert Decimal(cost["input"]) == (usage["prompt_tokens"] - cached) * input_price / 10**6
+    assert Decimal(cost["cached_input"]) == cached * cached_price / 10**6
+    assert Decimal(cost["total"]) == Decimal(cost["input"]) + Decimal(cost["cached_input"]) + Decimal(cost["output"])

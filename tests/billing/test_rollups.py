@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import time_machine
 
-from billing.models import FillState, HourlyUsage, UsageRecord
+from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
 from billing.services import rollups
 from billing.services.rollups import hourly_usage_fill, hourly_usage_rebuild
 from billing.tasks import rollup_hourly_usage
@@ -24,6 +24,16 @@ def at(when: datetime, write, *args, **kwargs):
 def rollup_table() -> Counter:
     return Counter({(r.hour, r.tenant_id, r.api_key_id, r.model, r.tier): tuple(getattr(r, f) for f in FIELDS)
                     for r in HourlyUsage.objects.all()})
+
+
+def days_are_sums_of_hours() -> bool:
+    hours: dict = {}
+    for r in HourlyUsage.objects.all():
+        key = (r.hour.replace(hour=0), r.tenant_id, r.api_key_id, r.model, r.tier)
+        hours[key] = tuple(a + b for a, b in zip(hours.get(key, (0,) * 8), (getattr(r, f) for f in FIELDS)))
+    days = {(r.day, r.tenant_id, r.api_key_id, r.model, r.tier): tuple(getattr(r, f) for f in FIELDS)
+            for r in DailyUsage.objects.all()}
+    return bool(days) and days == hours
 
 
 def records_table() -> Counter:
@@ -55,6 +65,7 @@ def test_fill_sums_equal_the_records_and_rerunning_changes_nothing(usage):
     result = hourly_usage_fill(now=H10 + timedelta(hours=3, minutes=5))
     assert result.end == H10 + timedelta(hours=3)
     assert rollup_table() == records_table() and HourlyUsage.objects.count() > 6
+    assert days_are_sums_of_hours()
     before = rollup_table()
     hourly_usage_fill(now=H10 + timedelta(hours=3, minutes=10))
     assert rollup_table() == before
@@ -75,7 +86,7 @@ def test_late_records_are_folded_in_by_the_next_run(usage, record_write):
     assert rollup_table() != records_table()
     result = hourly_usage_fill(now=H10 + timedelta(hours=5, minutes=5))
     assert result.late_hours == 1 and late.created_at < result.end - rollups.LOOKBACK
-    assert rollup_table() == records_table()
+    assert rollup_table() == records_table() and days_are_sums_of_hours()
 
 
 @pytest.mark.django_db
