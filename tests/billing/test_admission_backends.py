@@ -117,8 +117,8 @@ def test_missing_counters_are_reported_and_seeded_once(backend_and_clock):
     assert state.remaining == 4  # neither the missing nor the refused attempt took a request
 
 
-def test_a_counter_rebuilt_while_a_request_runs_keeps_its_reservation(backend_and_clock):
-    backend, _ = backend_and_clock
+def admitted_then_counter_lost(backend):
+    """A request holding 100 on a quota counter, whose counter then goes (expired, or dropped by Redis)."""
     quota = counter(backend, QUOTA, limit=1_000, amount=100)
     backend.counter_seed(quota.key, 0, 3600)
     request = rid()
@@ -127,6 +127,12 @@ def test_a_counter_rebuilt_while_a_request_runs_keeps_its_reservation(backend_an
         backend.redis.delete(quota.key)
     else:
         backend._counters.pop(quota.key)
+    return quota, request
+
+
+def test_a_counter_rebuilt_while_a_request_runs_keeps_its_reservation(backend_and_clock):
+    backend, _ = backend_and_clock
+    quota, request = admitted_then_counter_lost(backend)
     # the rebuild: the ledger (nothing settled yet) plus the open reservations
     assert backend.open_reserved(quota.key) == 100
     backend.counter_seed(quota.key, 0 + backend.open_reserved(quota.key), 3600)
@@ -136,14 +142,7 @@ def test_a_counter_rebuilt_while_a_request_runs_keeps_its_reservation(backend_an
 
 def test_a_settlement_without_its_counter_changes_no_counter(backend_and_clock):
     backend, _ = backend_and_clock
-    quota = counter(backend, QUOTA, limit=1_000, amount=100)
-    backend.counter_seed(quota.key, 0, 3600)
-    request = rid()
-    assert backend.admit(Plan(request_id=request, counters=(quota,))).admitted
-    if backend.kind == "redis":
-        backend.redis.delete(quota.key)
-    else:
-        backend._counters.pop(quota.key)
+    quota, request = admitted_then_counter_lost(backend)
     assert backend.settle(request, Actual(quota=40)) == []
     assert backend.counter_get(quota.key) is None and backend.open_reserved(quota.key) == 0
 
