@@ -23,6 +23,27 @@ from tests.inference.test_api_validation import MODEL, asgi_client, auth, chat, 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def _embedded_engine(settings):
+    """The engine in this process, also under `make test-postgres` (REDIS_URL set: its queue is Redis's)."""
+    settings.EMBEDDED_WORKER = True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pool_closed_after():
+    """Stop the engine thread and close the PostgreSQL pool it used, so the test database can be dropped."""
+    yield
+    from django.db import connection
+
+    from inference.worker.embedded import embedded_worker_stop
+
+    embedded_worker_stop()
+
+    close_pool = getattr(connection, "close_pool", None)
+    if close_pool is not None and getattr(connection, "pool", None) is not None:
+        close_pool()
+
+
 @pytest.fixture
 def clock():
     clock = Clock(datetime.now(timezone.utc).timestamp())
