@@ -19,7 +19,6 @@ whose request never reached a worker.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -98,6 +97,7 @@ def plan_build(*, backend, request_id: str, scopes: list[ScopeLimits], prompt_to
 
 
 async def _pricing_snapshot():
+    """The process's price snapshot; only a reload (once per PRICE_CACHE_TTL_S) leaves the event loop."""
     from billing.services import price_cache
 
     cached = price_cache._cached
@@ -143,7 +143,7 @@ async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens
         spend_nanos = _worst_case_nanos(model=model, tier=auth.tier.name, prompt_tokens=prompt_tokens,
                                         max_tokens=max_tokens, snapshot=await _pricing_snapshot())
     backend = get_admission_backend()
-    period = period_current(tz=getattr(tenant, "timezone", "UTC") or "UTC")
+    period = period_current(tz=tenant.timezone or "UTC")
     plan = plan_build(backend=backend, request_id=request_id, scopes=scopes, prompt_tokens=prompt_tokens,
                       max_tokens=max_tokens, period=period, spend_nanos=spend_nanos)
     if plan.empty:

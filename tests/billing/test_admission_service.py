@@ -165,6 +165,7 @@ def test_the_stale_sweep_settles_lost_reservations(clock, tenant_factory, tier_f
     tenant = tenant_factory(tier=unlimited_tier(tier_factory, max_concurrent_requests=2, monthly_token_quota=10_000))
     auth = auth_for(tenant)
     ended, lost = reserve(auth, prompt=100, max_tokens=900), reserve(auth, prompt=100, max_tokens=900)
+    assert ended.reserved and lost.reserved
     with pytest.raises(RateLimited) as refused:
         reserve(auth)
     assert "concurrent requests: Limit 2, Used 2, Requested 1." in refused.value.message
