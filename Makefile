@@ -8,6 +8,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PG_URL ?= postgres://postgres@127.0.0.1:5432/llm_platform
 REDIS ?= redis://127.0.0.1:6379/0
+# The local settings file `make run` writes when there is none (a generated SECRET_KEY, DEBUG=1); settings read it.
+ENV_FILE ?= .env
 
 .PHONY: install run test test-postgres migrate bootstrap worker bench clean
 
@@ -22,20 +24,24 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-migrate: install
-	DEBUG=$${DEBUG-1} $(PY) manage.py migrate --noinput
+$(ENV_FILE):
+	$(PY) platform_site/envfile.py $(ENV_FILE)
+
+migrate: install $(ENV_FILE)
+	ENV_FILE=$(ENV_FILE) $(PY) manage.py migrate --noinput
 
 bootstrap: migrate
-	DEBUG=$${DEBUG-1} BASE_URL=http://$(HOST):$(PORT) $(PY) manage.py bootstrap
+	ENV_FILE=$(ENV_FILE) BASE_URL=http://$(HOST):$(PORT) $(PY) manage.py bootstrap
 
 run: bootstrap
 	@echo "Serving on http://$(HOST):$(PORT)  (admin: http://$(HOST):$(PORT)/admin/)"
-	DEBUG=$${DEBUG-1} $(PY) -m uvicorn platform_site.asgi:application --host $(HOST) --port $(PORT) --lifespan off
+	ENV_FILE=$(ENV_FILE) $(PY) -m uvicorn platform_site.asgi:application --host $(HOST) --port $(PORT) --lifespan off
 
 worker: install
 	$(PY) manage.py run_worker --model smollm2-135m-instruct --device $${DEVICE-cpu}
 
 test: install
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The database- and queue-facing suites against real PostgreSQL and Redis.

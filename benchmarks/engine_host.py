@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _compare import medians_against  # noqa: E402
+from _runtime import runtime_configure_from_env  # noqa: E402
 
 DETOKENIZERS = ("byte-level", "window")
 VOCAB = 4096  # the tiny model's vocabulary (gpu_engine's "tiny" shape otherwise)
@@ -86,6 +87,7 @@ def main() -> None:
                         help="the engine's step order (async_output: the CUDA default; async_scheduling: opt-in)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    runtime_configure_from_env()
 
     from gpu_engine import SHAPES, write_checkpoint
 

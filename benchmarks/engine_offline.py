@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _runtime import runtime_configure_from_env  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -317,6 +318,7 @@ def run_peer(name: str, argv: list[str], log, extra: list[str] = ()) -> dict:
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    runtime_configure_from_env()
     if args.peer_worker:  # child process: one peer, result as JSON on stdout
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
         result = bench_hf(args, log) if args.peer_worker == "hf" else bench_llama_cpp(args, log)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _runtime import runtime_configure_from_env  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -359,6 +360,7 @@ def main() -> None:
                         help="mixed steps send their decode rows through the prefill kernel (the split's peer)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    runtime_configure_from_env()
     global ASYNC_OUTPUT, ASYNC_SCHEDULING, SPLIT_MIXED
     SPLIT_MIXED = not args.no_split_mixed
     if args.sync_output:

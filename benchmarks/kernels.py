@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _runtime import runtime_configure_from_env  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -249,6 +250,7 @@ def main() -> None:
     parser.add_argument("--decode-only", action="store_true", help="only the decode attention rows")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    runtime_configure_from_env()
     global CLOCK
     if args.threads:
         torch.set_num_threads(args.threads)

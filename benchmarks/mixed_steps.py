@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _runtime import runtime_configure_from_env  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -180,6 +181,7 @@ def workload_part(engine, args, log) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    runtime_configure_from_env()
     args.requests = max(args.requests, 1)
 
     def log(msg):

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _runtime import runtime_configure_from_env  # noqa: E402
 
 from inference.engine.attention_metadata import AttentionMetadata  # noqa: E402
 from inference.engine.kv_cache import allocate_kv_caches  # noqa: E402
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    runtime_configure_from_env()
 
     loaded = load_model(args.model, dtype=args.dtype, device="cpu", int4_decode=not args.no_int4)
     model, vocab = loaded.model, loaded.config.vocab_size

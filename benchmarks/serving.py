@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _runtime import runtime_configure_from_env  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 WORDS = ("river stone lantern orchard copper meadow harbor violet thunder candle ember quartz willow falcon "
@@ -376,6 +377,7 @@ def main() -> None:
                         help="the client's event loop in every phase through HTTP")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with every figure")
     args = parser.parse_args()
+    runtime_configure_from_env()
     if not args.key:
         parser.error("--key (or $OPENAI_API_KEY) is required")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -30,12 +30,13 @@ import logging
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from common.errors import ApiError, AuthenticationError, InvalidRequest, RateLimited, error_body
 from inference.api.events import done_error
 from inference.api.parsing import json_object_parse
 from inference.api.responses import response_builder, usage_body
 from inference.api.schemas import ENDPOINTS, api_request_parse
 from inference.api.services import ajob_submit, arequest_prepare
-from inference.errors import ApiError, AuthenticationError, InvalidRequest, RateLimited, error_body
+from tenants.services.api_keys import aapi_key_authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -197,8 +198,6 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
 
     # ------------------------------------------------------------ helpers
     async def _authenticate(self, authorization: str) -> None:
-        from tenants.services.api_keys import aapi_key_authenticate
-
         try:
             self.auth = await aapi_key_authenticate(authorization=authorization)
         except ApiError as exc:

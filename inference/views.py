@@ -9,7 +9,7 @@ from django.http import JsonResponse
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from inference.errors import NotFound
+from common.errors import NotFound
 from inference.models import ServedModel
 from inference.selectors import served_model_get_for_tier, served_model_list_for_tier
 

@@ -6,15 +6,17 @@ mmap or trimmed from the heap top on free, so the next step page-faults them in
 again, and the faults cost more than the kernels that use the memory (paged
 decode attention at large batches). Raising the trim threshold and pinning the
 mmap threshold makes freed memory reusable. Process-wide, idempotent, Linux
-glibc only; set KERNELS_TUNE_MALLOC=0 to leave the allocator alone.
+glibc only; ``kernels.dispatch.configure(tune_malloc=False)`` (a server's
+KERNELS_TUNE_MALLOC=0) leaves the allocator alone.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 import threading
+
+from kernels.config import current
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -34,7 +36,7 @@ def tune_cpu_allocator() -> bool:
         if _done is not None:
             return _done
         _done = False
-        if os.environ.get("KERNELS_TUNE_MALLOC", "1") == "0" or not sys.platform.startswith("linux"):
+        if not current().tune_malloc or not sys.platform.startswith("linux"):
             return _done
         try:
             libc = ctypes.CDLL("libc.so.6")

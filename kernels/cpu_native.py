@@ -1,16 +1,17 @@
 """Build and load the native CPU kernels (``kernels/csrc/*.c``) through ctypes.
 
-The C sources are compiled at first use with the system C compiler (``$CC``,
-else ``cc``/``gcc``/``clang``) into a shared library under the cache directory
-(``$KERNELS_CACHE_DIR``, default ``~/.cache/llm-platform/kernels``). The file
+The C sources are compiled at first use with the system C compiler
+(``kernels.config``'s ``cc``, else ``cc``/``gcc``/``clang``) into a shared
+library under the cache directory (``cache_dir``, default
+``~/.cache/llm-platform/kernels``). The file
 name is a hash of the source, the flags, the compiler's version and this CPU's
 feature flags, since ``-march=native`` code must never be loaded on another CPU
 that shares the cache. Builds go to a temporary file that is renamed into
 place, so processes building at once never load a half-written library.
 
 ``load()`` returns None, after logging one warning, when there is no compiler,
-the build or the load fails, or ``KERNELS_CPU_NATIVE=0``; callers then use the
-PyTorch references.
+the build or the load fails, or ``cpu_native`` is configured off; callers then
+use the PyTorch references.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import tempfile
 import threading
 from pathlib import Path
 
+from kernels.config import current
+
 log = logging.getLogger(__name__)
 
-ENABLE_ENV = "KERNELS_CPU_NATIVE"
-CACHE_ENV = "KERNELS_CACHE_DIR"
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
 # Built into the same library (kernels/fused_ops_cpu.py and kernels/q8_matmul_cpu.py bind their functions).
 EXTRA_SOURCES = (Path(__file__).with_name("csrc") / "fused_ops.c", Path(__file__).with_name("csrc") / "q8_matmul.c")
@@ -45,16 +46,16 @@ _warned = False
 
 
 def enabled() -> bool:
-    return os.environ.get(ENABLE_ENV, "1").strip() != "0"
+    return current().cpu_native
 
 
 def cache_dir() -> Path:
-    configured = os.environ.get(CACHE_ENV, "").strip()
-    return Path(configured) if configured else Path.home() / ".cache" / "llm-platform" / "kernels"
+    configured = current().cache_dir
+    return configured if configured is not None else Path.home() / ".cache" / "llm-platform" / "kernels"
 
 
 def find_compiler() -> str | None:
-    configured = os.environ.get("CC", "").strip()
+    configured = (current().cc or "").strip()
     if configured:
         return shutil.which(configured.split()[0]) and configured
     for name in ("cc", "gcc", "clang"):

@@ -3,29 +3,32 @@
 ``get_ops(device)`` returns one of three kernel sets:
 
 - ``triton``: the Triton launchers; the default on CUDA devices when Triton
-  imports. ``KERNELS_BACKEND=triton`` forces it (tests pair it with
+  imports. ``configure(backend="triton")`` forces it (tests pair it with
   ``TRITON_INTERPRET=1`` on the CPU).
 - ``cpu``: native C decode attention (``kernels.paged_decode_attention_cpu``)
   and fused small ops (``kernels.fused_ops_cpu``: K/V store, RMSNorm, rotary,
   SiLU-and-multiply), the references for the rest (prefill attention, and the
   inputs the native code does not take); the default on CPU devices when the
-  native library builds (``kernels.cpu_native``; ``KERNELS_CPU_NATIVE=0``
+  native library builds (``kernels.cpu_native``; ``configure(cpu_native=False)``
   turns it off).
 - ``ref``: the PyTorch references only; the fallback everywhere else, and what
-  ``KERNELS_BACKEND=ref`` forces.
+  ``configure(backend="ref")`` forces.
+
+The choice follows ``kernels.config`` (``configure`` is re-exported here); a
+server fills it from its settings (KERNELS_BACKEND, KERNELS_CPU_NATIVE, ...).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-BACKEND_ENV = "KERNELS_BACKEND"
-BACKENDS = ("ref", "cpu", "triton")
+from kernels.config import BACKENDS, KernelConfig, configure, current
+
+__all__ = ["BACKENDS", "KernelConfig", "Ops", "configure", "get_ops", "select_backend"]
 
 
 @dataclass(frozen=True)
@@ -59,22 +62,20 @@ def native_cpu_available() -> bool:
 
 
 def select_backend(device: torch.device | str) -> str:
-    """'triton', 'cpu' or 'ref' for ``device`` under the current environment."""
+    """'triton', 'cpu' or 'ref' for ``device`` under the current configuration (kernels.config)."""
     device = torch.device(device)
-    forced = os.environ.get(BACKEND_ENV, "").strip().lower()
-    if forced and forced not in BACKENDS + ("auto",):
-        raise ValueError(f"{BACKEND_ENV} must be one of ref, cpu, triton, auto; got {forced!r}")
+    forced = current().backend
     if forced == "ref":
         return "ref"
     if forced == "triton":
         if not triton_available():
-            raise RuntimeError(f"{BACKEND_ENV}=triton but triton cannot be imported")
+            raise RuntimeError("kernel backend triton is configured but triton cannot be imported")
         return "triton"
     if forced == "cpu":
         if device.type != "cpu":
-            raise ValueError(f"{BACKEND_ENV}=cpu runs on CPU devices only, not {device}")
+            raise ValueError(f"kernel backend cpu runs on CPU devices only, not {device}")
         if not native_cpu_available():
-            raise RuntimeError(f"{BACKEND_ENV}=cpu but the native CPU kernels did not build (see the log)")
+            raise RuntimeError("kernel backend cpu is configured but the native CPU kernels did not build (see the log)")
         return "cpu"
     if device.type == "cuda" and triton_available():
         return "triton"
@@ -129,7 +130,7 @@ def get_ops(device: torch.device | str) -> Ops:
     """The kernel set for ``device`` (see the module docstring).
 
     Choosing a CPU backend (``cpu`` or ``ref``) for a CPU device also tunes glibc
-    malloc for the step loop (``kernels.cpu_allocator``; KERNELS_TUNE_MALLOC=0
+    malloc for the step loop (``kernels.cpu_allocator``; ``configure(tune_malloc=False)``
     opts out).
     """
     device = torch.device(device)

@@ -7,7 +7,7 @@ gather copy, no padding. All query heads of a KV head share each K/V row, the
 softmax runs online in float32 with float32 accumulation, and at small batches
 each sequence is split into parts (merged by log-sum-exp) so that every thread
 has work. When the library cannot be built or loaded (no compiler,
-``KERNELS_CPU_NATIVE=0``) this falls back to the reference.
+``cpu_native`` configured off in ``kernels.config``) this falls back to the reference.
 """
 
 from __future__ import annotations

@@ -1,5 +1,14 @@
 """Settings, read from the environment here and nowhere else.
 
+The only other readers of the environment are the entry points that name this
+module (manage.py, platform_site/asgi.py, platform_site/celery.py set
+DJANGO_SETTINGS_MODULE) and the benchmark scripts.
+
+ENV_FILE      a dotenv file whose variables fill in what the environment leaves
+              unset (default: `.env` in the project root, written by `make run`
+              with a generated SECRET_KEY and DEBUG=1; platform_site/envfile.py).
+              Under pytest only an explicit ENV_FILE is read, so a developer's
+              .env does not change the tests.
 DATABASE_URL  absent: SQLite file in the project root; postgres://... uses psycopg 3.
 REDIS_URL     absent: embedded backends (in-memory channel layer, in-process
               queue, engine thread inside the web process, eager Celery).
@@ -9,34 +18,56 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from dotenv import dotenv_values
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+TESTING = "PYTEST_VERSION" in os.environ
+ENV_FILE = os.environ.get("ENV_FILE") or ("" if TESTING else str(BASE_DIR / ".env"))
+# The environment wins over the file; os.environ itself is left as it is, so child processes see only what was set.
+ENV: dict[str, str] = {
+    **{k: v for k, v in (dotenv_values(ENV_FILE) if ENV_FILE else {}).items() if v is not None},
+    **os.environ,
+}
 
 
 def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
+    value = ENV.get(name)
     if value is None:
         return default
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
 def env_list(name: str, default: str) -> list[str]:
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+    return [item.strip() for item in ENV.get(name, default).split(",") if item.strip()]
 
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+def env_opt(name: str, cast=str):
+    """The variable cast to its type, or None when unset: the component's own default then applies."""
+    value = ENV.get(name, "").strip()
+    return cast(value) if value else None
+
+
+def env_flag(name: str) -> bool | None:
+    value = env_opt(name, str.lower)
+    if value is None:
+        return None
+    if value not in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+        raise ValueError(f"{name} must be 0 or 1; got {value!r}")
+    return value in {"1", "true", "yes", "on"}
+
 
 # ---------------------------------------------------------------- core
 DEBUG = env_bool("DEBUG", False)
-TESTING = "PYTEST_VERSION" in os.environ
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
+SECRET_KEY = ENV.get("SECRET_KEY", "")
 if not SECRET_KEY:
     if not (DEBUG or TESTING):
-        raise RuntimeError("SECRET_KEY must be set when DEBUG is off (see deploy/env.example)")
+        raise RuntimeError("SECRET_KEY must be set when DEBUG is off (see deploy/env.example; `make run` writes a local .env)")
     SECRET_KEY = "django-insecure-development-only-" + "k" * 40
 # Server-side pepper mixed into every API key hash (HMAC-SHA-256).
-API_KEY_PEPPER = os.environ.get("API_KEY_PEPPER", "") or ("dev-pepper:" + SECRET_KEY)
+API_KEY_PEPPER = ENV.get("API_KEY_PEPPER", "") or ("dev-pepper:" + SECRET_KEY)
 # Seconds the completion endpoints keep a verified key's row (tenants.services.api_key_cache); 0: off.
-API_KEY_CACHE_TTL_S = float(os.environ.get("API_KEY_CACHE_TTL_S", "2"))
-API_KEY_CACHE_KEEP_WARM_S = float(os.environ.get("API_KEY_CACHE_KEEP_WARM_S", "30"))
+API_KEY_CACHE_TTL_S = float(ENV.get("API_KEY_CACHE_TTL_S", "2"))
+API_KEY_CACHE_KEEP_WARM_S = float(ENV.get("API_KEY_CACHE_KEEP_WARM_S", "30"))
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
 
@@ -84,11 +115,11 @@ TEMPLATES = [
 ]
 
 # ---------------------------------------------------------------- database
-DATABASE_URL = os.environ.get("DATABASE_URL", "")
+DATABASE_URL = ENV.get("DATABASE_URL", "")
 DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL or f"sqlite:///{BASE_DIR / 'db.sqlite3'}",
-        conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")),
+        conn_max_age=int(ENV.get("DB_CONN_MAX_AGE", "0")),
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -100,14 +131,14 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_b
     # database opens a connection, which costs many times a query on an open one.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": int(os.environ.get("DB_POOL_MIN_SIZE", "1")),
-        "max_size": int(os.environ.get("DB_POOL_MAX_SIZE", "8")),
-        "timeout": float(os.environ.get("DB_POOL_TIMEOUT_S", "10")),
+        "min_size": int(ENV.get("DB_POOL_MIN_SIZE", "1")),
+        "max_size": int(ENV.get("DB_POOL_MAX_SIZE", "8")),
+        "timeout": float(ENV.get("DB_POOL_TIMEOUT_S", "10")),
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # ---------------------------------------------------------------- redis / channels / queue
-REDIS_URL = os.environ.get("REDIS_URL", "")
+REDIS_URL = ENV.get("REDIS_URL", "")
 EMBEDDED = not REDIS_URL
 if REDIS_URL:
     CHANNEL_LAYERS = {
@@ -121,7 +152,7 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 10000}}}
 
 # ---------------------------------------------------------------- celery
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "memory://")
+CELERY_BROKER_URL = ENV.get("CELERY_BROKER_URL", REDIS_URL or "memory://")
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = EMBEDDED
 CELERY_TASK_EAGER_PROPAGATES = True
@@ -131,19 +162,34 @@ CELERY_TIMEZONE = "UTC"
 # Engine thread inside the web process (embedded mode); off for web replicas
 # that front separate `run_worker` processes.
 EMBEDDED_WORKER = env_bool("EMBEDDED_WORKER", EMBEDDED)
-ENGINE_DEVICE = os.environ.get("ENGINE_DEVICE", "cpu")
-ENGINE_DTYPE = os.environ.get("ENGINE_DTYPE", "bfloat16")
-ENGINE_KV_CACHE_MB = int(os.environ.get("ENGINE_KV_CACHE_MB", "512"))
-DEFAULT_MODEL = os.environ.get("DEFAULT_MODEL", "smollm2-135m-instruct")
-ENGINE_MAX_NUM_SEQS = int(os.environ.get("ENGINE_MAX_NUM_SEQS", "64"))
+ENGINE_DEVICE = ENV.get("ENGINE_DEVICE", "cpu")
+DEFAULT_MODEL = ENV.get("DEFAULT_MODEL", "smollm2-135m-instruct")
+# Engine and kernel knobs, applied by inference.worker.engine_factory. Unset (None) keeps the engine's
+# or the kernels' own default (inference.engine.EngineConfig and cpu_matmul, kernels.config), so each
+# default is written once, where offline users (tests, benchmarks) get it too.
+ENGINE_DTYPE = env_opt("ENGINE_DTYPE")
+ENGINE_KV_CACHE_MB = env_opt("ENGINE_KV_CACHE_MB", int)
+ENGINE_MAX_NUM_SEQS = env_opt("ENGINE_MAX_NUM_SEQS", int)
+ENGINE_CPU_UPCAST_MATMUL = env_opt("ENGINE_CPU_UPCAST_MATMUL")  # auto, 0, 1
+ENGINE_CPU_PREPACK = env_flag("ENGINE_CPU_PREPACK")
+KERNELS_BACKEND = env_opt("KERNELS_BACKEND")  # auto, ref, cpu, triton
+KERNELS_CPU_NATIVE = env_flag("KERNELS_CPU_NATIVE")
+KERNELS_CACHE_DIR = env_opt("KERNELS_CACHE_DIR")
+KERNELS_CC = env_opt("CC")  # the native CPU kernels' compiler, read from $CC as build tools do
+KERNELS_TUNE_MALLOC = env_flag("KERNELS_TUNE_MALLOC")
 # Queue (inference.queue): keys live under QUEUE_KEY_PREFIX in Redis; a (model, tier)
 # queue holding QUEUE_MAX_DEPTH jobs refuses more (0 = unbounded). A worker whose
 # heartbeat is older than WORKER_HEARTBEAT_TIMEOUT_S is dead: its leases are reaped.
-QUEUE_KEY_PREFIX = os.environ.get("QUEUE_KEY_PREFIX", "llmq")
-QUEUE_MAX_DEPTH = int(os.environ.get("QUEUE_MAX_DEPTH", "10000"))
-WORKER_HEARTBEAT_TIMEOUT_S = float(os.environ.get("WORKER_HEARTBEAT_TIMEOUT_S", "10"))
+QUEUE_KEY_PREFIX = ENV.get("QUEUE_KEY_PREFIX", "llmq")
+QUEUE_MAX_DEPTH = int(ENV.get("QUEUE_MAX_DEPTH", "10000"))
+WORKER_HEARTBEAT_TIMEOUT_S = float(ENV.get("WORKER_HEARTBEAT_TIMEOUT_S", "10"))
+# `manage.py bootstrap`: the admin user it creates (ADMIN_PASSWORD unset: generated and printed once)
+# and the base URL it prints.
+BOOTSTRAP_ADMIN_USERNAME = ENV.get("ADMIN_USERNAME", "admin")
+BOOTSTRAP_ADMIN_PASSWORD = ENV.get("ADMIN_PASSWORD") or None
+BASE_URL = ENV.get("BASE_URL", "http://127.0.0.1:8000")
 # API streams (SSE): a `: keep-alive` comment after this many idle seconds.
-SSE_KEEPALIVE_S = float(os.environ.get("SSE_KEEPALIVE_S", "15"))
+SSE_KEEPALIVE_S = float(ENV.get("SSE_KEEPALIVE_S", "15"))
 CELERY_BEAT_SCHEDULE = {
     "reap-dead-workers": {"task": "inference.tasks.reap_dead_workers", "schedule": 5.0, "options": {"expires": 5.0}},
     # idempotent: a missed or doubled run changes nothing the next one would not
@@ -194,7 +240,7 @@ LOGIN_URL = "/admin/login/"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.auth.HasTenant"],
-    "EXCEPTION_HANDLER": "inference.errors.openai_exception_handler",
+    "EXCEPTION_HANDLER": "common.errors.openai_exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "UNAUTHENTICATED_USER": None,
@@ -208,7 +254,7 @@ if not DEBUG:
     SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "31536000"))
+    SECURE_HSTS_SECONDS = int(ENV.get("SECURE_HSTS_SECONDS", "31536000"))
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -218,7 +264,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": ENV.get("LOG_LEVEL", "INFO")},
     "loggers": {
         "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
         "django.server": {"handlers": ["console"], "level": "WARNING", "propagate": False},

@@ -8,5 +8,5 @@ urlpatterns = [
     path("", include("billing.urls")),
 ]
 
-handler404 = "inference.errors.handler404"
-handler500 = "inference.errors.handler500"
+handler404 = "common.errors.handler404"
+handler500 = "common.errors.handler500"

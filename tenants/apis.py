@@ -8,7 +8,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from inference.errors import NotFound
+from common.errors import NotFound
 from tenants.auth import HasScope
 from tenants.models import ApiKey
 from tenants.selectors import api_key_get, api_key_list, api_key_status

@@ -2,7 +2,7 @@
 
 Every API endpoint needs a key, so a missing header is a 401 too (DRF's usual
 "return None and let another authenticator try" would turn into an anonymous
-request here). Errors are `inference.errors.ApiError`s: the project's DRF
+request here). Errors are `common.errors.ApiError`s: the project's DRF
 exception handler renders them in the OpenAI shape, with `WWW-Authenticate`.
 Async code (SSE views, the WebSocket consumer) calls
 `tenants.services.api_keys.aapi_key_authenticate` directly.

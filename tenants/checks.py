@@ -6,7 +6,7 @@ from django.core.checks import Tags, Warning, register
 
 @register(Tags.security, deploy=True)
 def check_api_key_pepper(app_configs, **kwargs):
-    pepper = getattr(settings, "API_KEY_PEPPER", "")
+    pepper = settings.API_KEY_PEPPER
     if not pepper or pepper.startswith("dev-pepper:"):
         return [Warning(
             "API_KEY_PEPPER is not set; API key hashes are peppered with a value derived from SECRET_KEY.",

@@ -19,6 +19,27 @@ _seq = itertools.count(1)
 
 
 @pytest.fixture
+def kernel_config():
+    """kernels.dispatch.configure for one test (call it with the fields to change, as a server's
+    settings would); the configuration in force before the test comes back after it."""
+    from kernels.dispatch import configure
+
+    previous = configure()
+    yield configure
+    configure(previous)
+
+
+@pytest.fixture
+def cpu_matmul_config():
+    """inference.engine.cpu_matmul.configure for one test; the previous upcast and prepack come back after it."""
+    from inference.engine import cpu_matmul
+
+    upcast, prepack = cpu_matmul.configure()
+    yield cpu_matmul.configure
+    cpu_matmul.configure(upcast=upcast, prepack=prepack)
+
+
+@pytest.fixture
 def tier_factory(db):
     from tenants.models import Tier
 
@@ -70,7 +91,7 @@ def api_key(api_key_factory, tenant):
 @pytest.fixture
 def served_model(db):
     """The SmolLM2 ServedModel row, as `manage.py bootstrap` creates it."""
-    from tenants.services.bootstrap import served_model_ensure
+    from inference.services import served_model_ensure
 
     return served_model_ensure()[0]
 

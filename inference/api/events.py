@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 from django.conf import settings
 
-from inference.errors import ApiError, InvalidRequest, ServiceUnavailable
+from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from common.errors import InvalidRequest
 from inference.api.parsing import json_type_name
-from inference.errors import InvalidRequest
 
 
 def invalid(message: str, param: str | None, code: str = "invalid_value") -> InvalidRequest:

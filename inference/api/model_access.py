@@ -7,32 +7,31 @@ although the engine registry would resolve them. Unknown models and
 models the caller's tier may not use get the same 404 `model_not_found`, as in
 OpenAI's API (it does not reveal which models exist to those who cannot use them).
 
-Rows are cached per process for `CACHE_TTL_S` seconds: this lookup sits on
-every request's latency path, and operators' changes still apply within seconds.
-A served model's row read again after `REFRESH_AFTER_S` is reloaded in the
-background, so a model in steady use never waits for the database on the
-request path (at ~1 request/s, one request in six did: a query through the
-database thread, 3-5 ms on the 2-core VM), while no row is served more than
-`CACHE_TTL_S` after it was read. Unknown names (client input) are cached too,
-but never reloaded ahead.
+Rows are cached per process (`common.cache.TtlCache`) for `CACHE_TTL_S`
+seconds: this lookup sits on every request's latency path, and operators'
+changes still apply within seconds. A served model's row read again after
+`REFRESH_AFTER_S` is reloaded in the background, so a model in steady use never
+waits for the database on the request path (a request arriving just after the
+TTL would, otherwise: a query through the database thread), while no row is
+served more than `CACHE_TTL_S` after it was read. Unknown names (client input)
+are cached too, but never reloaded ahead.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from inference.api.background import OnePerKey
-from inference.errors import NotFound
+from common.cache import TtlCache
+from common.errors import NotFound
 from inference.models import ServedModel
 
 CACHE_TTL_S = 5.0
 REFRESH_AFTER_S = 1.0
 DEFAULT_CONTEXT = 8192
 
-_cache: dict[str, tuple[float, "ModelInfo | None"]] = {}  # name -> (monotonic time it was read, info)
-_reloads = OnePerKey("reloading the served model")  # name -> a background reload in flight
-_generation = 0  # bumped by every clear: a read begun before it is not cached
+# name -> its ModelInfo, or None for a name that is not served; names are client input, hence the bound
+_cache: TtlCache[str, "ModelInfo | None"] = TtlCache("served models", ttl=lambda: CACHE_TTL_S, max_entries=1024)
+_reloads = _cache.reloads  # name -> a background reload in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,32 +66,30 @@ def _info_from_row(row: ServedModel | None) -> ModelInfo | None:
 
 
 def model_cache_clear() -> None:
-    global _generation
-    _generation += 1
     _cache.clear()
 
 
-async def _load(name: str) -> "ModelInfo | None":
-    generation, read_at = _generation, time.monotonic()
+async def _read(name: str) -> "ModelInfo | None":
     row = await ServedModel.objects.filter(name=name).afirst() if len(name) <= 100 else None
-    info = _info_from_row(row)
-    if generation == _generation:
-        if len(_cache) > 1024:  # names are client input: never let the cache grow without bound
-            _cache.clear()
-        _cache[name] = (read_at, info)
+    return _info_from_row(row)
+
+
+async def _load(name: str) -> "ModelInfo | None":
+    generation = _cache.generation
+    info = await _read(name)
+    _cache.set(name, info, generation=generation)
     return info
 
 
 async def amodel_info_get(*, name: str) -> ModelInfo:
     """The served model `name`, or 404."""
-    now = time.monotonic()
-    hit = _cache.get(name)
-    if hit is not None and now - hit[0] < CACHE_TTL_S:
-        info = hit[1]
-        if info is not None and now - hit[0] >= REFRESH_AFTER_S:
-            _reloads.start(name, lambda: _load(name))
-    else:
+    entry = _cache.entry(name)
+    if entry is None:
         info = await _load(name)
+    else:
+        info = entry.value
+        if info is not None and _cache.age(entry) >= REFRESH_AFTER_S:
+            _cache.refresh(name, lambda: _read(name))
     if info is None:
         raise _not_found(name)
     return info

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from inference.errors import InvalidRequest
+from common.errors import InvalidRequest
 
 MAX_BODY_BYTES = 2_621_440  # Django's DATA_UPLOAD_MAX_MEMORY_SIZE default
 

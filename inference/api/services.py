@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from inference.api.background import OnePerKey
+from common.cache import TtlCache
+from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
 from inference.api.schemas import CHAT, ApiRequest
-from inference.errors import ApiError, InvalidRequest, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +30,11 @@ INFERENCE_SCOPE = "inference"
 LIVE_WORKERS_TTL_S = 2.0  # how long a "yes, a worker serves this model" is trusted
 LIVE_WORKERS_RECHECK_S = 0.25  # a request after a yes this old re-checks it in the background
 
-_tokenizers_loaded: set[str] = set()
-_live_until: dict[str, float] = {}  # model -> monotonic time until which a worker is known alive
-_live_rechecks = OnePerKey("re-checking the workers of")  # model -> a background re-check in flight
+# tokenizer source -> its tokenizer (metadata only), for the life of the process: a model's file does not change
+_tokenizers: TtlCache[str, object] = TtlCache("tokenizers", ttl=None, max_entries=64)
+# model -> True while a worker is known to serve it; a "no" is never stored
+_live_workers: TtlCache[str, bool] = TtlCache("live workers", ttl=lambda: LIVE_WORKERS_TTL_S, max_entries=1024)
+_live_rechecks = _live_workers.reloads  # model -> a background re-check in flight
 
 
 @dataclass(slots=True)
@@ -61,13 +63,14 @@ def _load_tokenizer(source: str):
 
 async def atokenizer_get(*, model: ModelInfo):
     """The model's tokenizer (metadata only, cached); the first load runs off the event loop."""
-    if model.tokenizer_source in _tokenizers_loaded:
-        return _load_tokenizer(model.tokenizer_source)
+    tokenizer = _tokenizers.get(model.tokenizer_source)
+    if tokenizer is not None:
+        return tokenizer
     try:
         tokenizer = await asyncio.to_thread(_load_tokenizer, model.tokenizer_source)
     except Exception as exc:  # a broken model file is the operator's problem, not the client's
         raise ServiceUnavailable(f"The tokenizer of `{model.name}` could not be loaded: {exc}", code="model_unavailable") from exc
-    _tokenizers_loaded.add(model.tokenizer_source)
+    _tokenizers.set(model.tokenizer_source, tokenizer)
     return tokenizer
 
 
@@ -214,14 +217,13 @@ async def _capacity_check(model: str) -> None:
     # Heartbeats come every second; trusting a positive answer for two more
     # seconds spares a Redis round trip per request, and a request that finds
     # the answer older than a quarter second re-checks it in the background, so
-    # while requests keep coming none of them waits for Redis here (at ~1
-    # request/s, a 1 s answer re-checked in its second half had expired before
-    # a third of them). A request that slips in after the last worker died
+    # while requests keep coming none of them waits for Redis here (a re-check
+    # started only late in the TTL would often come too late for a steady
+    # client). A request that slips in after the last worker died
     # waits on the queue, and JobRun's idle liveness check ends it with a 503.
-    now = time.monotonic()
-    until = _live_until.get(model, 0.0)
-    if until > now:
-        if until - now < LIVE_WORKERS_TTL_S - LIVE_WORKERS_RECHECK_S:
+    known = _live_workers.entry(model)
+    if known is not None:
+        if _live_workers.age(known) > LIVE_WORKERS_RECHECK_S:
             _live_rechecks.start(model, lambda: _live_workers_check(model))
         return
     if await _live_workers_check(model):
@@ -239,9 +241,9 @@ async def _live_workers_check(model: str) -> bool:
 
     workers = await asyncio.to_thread(get_job_queue().live_workers, model)
     if workers:
-        _live_until[model] = time.monotonic() + LIVE_WORKERS_TTL_S
+        _live_workers.set(model, True)
     else:
-        _live_until.pop(model, None)
+        _live_workers.invalidate(model)
     return bool(workers)
 
 

@@ -26,12 +26,13 @@ from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from common.errors import ApiError, InvalidRequest, error_body, error_json_response
 from inference.api.events import JobRun, done_error
-from inference.api.parsing import MAX_BODY_BYTES, json_object_parse
+from inference.api.parsing import json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
 from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse
 from inference.api.services import PreparedRequest, ajob_submit, arequest_prepare, request_id_new
-from inference.errors import ApiError, InvalidRequest, error_body, error_json_response
+from tenants.services.api_keys import aapi_key_authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,6 @@ def _sse(obj: dict) -> bytes:
 
 def _common_headers(response: HttpResponse, *, request, request_id: str, started: float) -> HttpResponse:
     response["x-request-id"] = request_id
-    # What SecurityMiddleware would add (these paths skip the middleware stack: inference/api/asgi.py)
-    response["X-Content-Type-Options"] = "nosniff"
-    if settings.SECURE_HSTS_SECONDS and request.is_secure():
-        hsts = f"max-age={settings.SECURE_HSTS_SECONDS}"
-        if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
-            hsts += "; includeSubDomains"
-        response["Strict-Transport-Security"] = hsts + ("; preload" if settings.SECURE_HSTS_PRELOAD else "")
     response["openai-processing-ms"] = str(int((time.perf_counter() - started) * 1000))
     client_id = request.headers.get("X-Client-Request-Id")
     if client_id and len(client_id) <= _MAX_CLIENT_REQUEST_ID and client_id.isascii() and client_id.isprintable():
@@ -66,8 +60,6 @@ def _common_headers(response: HttpResponse, *, request, request_id: str, started
 
 
 async def _authenticate(request):
-    from tenants.services.api_keys import aapi_key_authenticate
-
     return await aapi_key_authenticate(authorization=request.headers.get("Authorization"))
 
 
@@ -76,7 +68,8 @@ def _body(request) -> dict:
         raw = request.body
     except RequestDataTooBig:
         raise ApiError(
-            f"The request body is too large (limit {MAX_BODY_BYTES} bytes).", status=413, code="request_too_large"
+            f"The request body is too large (limit {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes).", status=413,
+            code="request_too_large"
         ) from None
     return json_object_parse(raw=raw)
 

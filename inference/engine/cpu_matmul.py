@@ -12,8 +12,9 @@ once to the model's dtype, as the native 16-bit kernels do; only the
 summation order differs. Fewer rows (single-stream decode) are bound by
 memory bandwidth, where reading 16-bit weights directly is faster.
 
-``ENGINE_CPU_UPCAST_MATMUL``: ``auto`` (default: upcast where the CPU lacks the
-16-bit GEMM), ``1`` (always upcast on the CPU), ``0`` (never).
+``configure(upcast=...)`` (a server's ``ENGINE_CPU_UPCAST_MATMUL``): ``auto``
+(default: upcast where the CPU lacks the 16-bit GEMM), ``1`` (always upcast on
+the CPU), ``0`` (never).
 
 Where the CPU has the bfloat16 GEMM, `F.linear` hands oneDNN a plain row-major
 weight, which oneDNN reorders into its blocked (AMX/AVX-512) layout on every
@@ -21,22 +22,42 @@ call: for SmolLM2's small matrices that reorder costs about as much as the
 product. `prepack` makes that blocked copy once, at load time, and
 `prepacked_linear` multiplies by it: bit-identical results, without the
 reorder on every call. The copy costs the dense weights' size again in memory;
-``ENGINE_CPU_PREPACK=0`` turns it off.
+``configure(prepack=False)`` (``ENGINE_CPU_PREPACK=0``) turns it off.
+
+Both knobs are process-wide, as the matmuls they steer are module functions
+called by every model in the process; the defaults are written here only.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
-UPCAST_ENV = "ENGINE_CPU_UPCAST_MATMUL"
-PREPACK_ENV = "ENGINE_CPU_PREPACK"
+UPCAST_MODES = ("auto", "0", "1")
 PREPACK_BATCH_HINT = 64  # oneDNN's layout hint; with 64 the products equal F.linear's bit for bit at 1-1024 rows
 UPCAST_MIN_ROWS = 8  # the crossover: fewer rows are bandwidth-bound, where the 16-bit GEMV wins
 CHUNK_ROWS = 2048  # 2048 x 576 float32 = 4.7 MB: the weight chunk stays in L2/L3 for the GEMM
+
+
+_upcast = "auto"
+_prepack = True
+
+
+def configure(*, upcast: str | None = None, prepack: bool | None = None) -> tuple[str, bool]:
+    """Set the upcast mode (auto, 0, 1) and whether weights are prepacked; None keeps the current value.
+    Returns the previous (upcast, prepack), so a caller can restore them."""
+    global _upcast, _prepack
+    previous = (_upcast, _prepack)
+    if upcast is not None:
+        mode = str(upcast).strip().lower()
+        if mode not in UPCAST_MODES:
+            raise ValueError(f"the CPU upcast mode (ENGINE_CPU_UPCAST_MATMUL) must be auto, 0 or 1; got {upcast!r}")
+        _upcast = mode
+    if prepack is not None:
+        _prepack = bool(prepack)
+    return previous
 
 
 @functools.cache
@@ -53,12 +74,9 @@ def upcast_enabled(dtype: torch.dtype) -> bool:
     """Whether CPU matmuls of `dtype` weights run in float32 (see the module docstring)."""
     if dtype not in (torch.bfloat16, torch.float16):
         return False
-    mode = os.environ.get(UPCAST_ENV, "auto").strip().lower()
-    if mode not in ("auto", "0", "1"):
-        raise ValueError(f"{UPCAST_ENV} must be auto, 0 or 1; got {mode!r}")
-    if mode == "auto":
+    if _upcast == "auto":
         return not _native_16bit_gemm(dtype)
-    return mode == "1"
+    return _upcast == "1"
 
 
 def upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -86,10 +104,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def prepack_enabled(weight: torch.Tensor) -> bool:
     """Whether `weight` gets a oneDNN-blocked copy: bf16 on a CPU with the native bf16 GEMM, not upcast."""
-    mode = os.environ.get(PREPACK_ENV, "1").strip().lower()
-    if mode not in ("0", "1"):
-        raise ValueError(f"{PREPACK_ENV} must be 0 or 1; got {mode!r}")
-    return (mode == "1" and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
+    return (_prepack and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
             and not upcast_enabled(weight.dtype) and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 

@@ -26,13 +26,13 @@ def _build() -> JobQueue:
 
     options = {
         "weights": DbTierWeights(),
-        "max_depth": getattr(settings, "QUEUE_MAX_DEPTH", 0),
-        "heartbeat_timeout": getattr(settings, "WORKER_HEARTBEAT_TIMEOUT_S", 10.0),
+        "max_depth": settings.QUEUE_MAX_DEPTH,
+        "heartbeat_timeout": settings.WORKER_HEARTBEAT_TIMEOUT_S,
     }
     if settings.REDIS_URL:
         from .redis_backend import RedisJobQueue
 
-        return RedisJobQueue(url=settings.REDIS_URL, prefix=getattr(settings, "QUEUE_KEY_PREFIX", "llmq"), **options)
+        return RedisJobQueue(url=settings.REDIS_URL, prefix=settings.QUEUE_KEY_PREFIX, **options)
     from .memory import MemoryJobQueue
 
     return MemoryJobQueue(**options)

@@ -35,7 +35,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.errors import ServiceUnavailable
+from common.errors import ServiceUnavailable
 
 from .job import Job
 

@@ -33,6 +33,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
+from common.cache import TtlCache
+from tenants.models import Tier
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_WEIGHT = 1
@@ -142,26 +145,21 @@ class DbTierWeights:
     """Tier.queue_weight by tier name, read from the database at most every `ttl` seconds.
 
     Any failure (no database in this thread, table missing) keeps the last
-    known weights; unknown tiers weigh DEFAULT_WEIGHT.
+    known weights until the next read; unknown tiers weigh DEFAULT_WEIGHT.
+    Called from a worker's threads: one of them reads, the others wait for it.
     """
 
-    def __init__(self, ttl: float = 10.0) -> None:
+    def __init__(self, ttl: float = 10.0, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
-        self._weights: dict[str, int] = {}
-        self._read_at = float("-inf")
-        self._lock = threading.Lock()
+        self._weights: Mapping[str, int] = {}  # the last known
+        self._cache: TtlCache[str, Mapping[str, int]] = TtlCache("tier weights", ttl=ttl, max_entries=1, clock=clock)
 
     def __call__(self) -> Mapping[str, int]:
-        now = time.monotonic()
-        if now - self._read_at < self.ttl:
-            return self._weights
-        with self._lock:
-            if now - self._read_at >= self.ttl:
-                self._read_at = now
-                try:
-                    from tenants.models import Tier
+        return self._cache.get_or_load("weights", self._read)
 
-                    self._weights = dict(Tier.objects.values_list("name", "queue_weight"))
-                except Exception as exc:  # noqa: BLE001 - weights are advisory; never stop a worker
-                    logger.debug("tier weights unavailable, keeping the last known: %s", exc)
+    def _read(self) -> Mapping[str, int]:
+        try:
+            self._weights = dict(Tier.objects.values_list("name", "queue_weight"))
+        except Exception as exc:  # noqa: BLE001 - weights are advisory; never stop a worker
+            logger.debug("tier weights unavailable, keeping the last known: %s", exc)
         return self._weights

@@ -60,7 +60,7 @@ def ensure_embedded_worker(model: str | None = None) -> WorkerLoop:
             sink=_sink,
             engine_factory=lambda: engine_build(model=model, device=device),
             device=device,
-            max_num_seqs=getattr(settings, "ENGINE_MAX_NUM_SEQS", None),
+            max_num_seqs=settings.ENGINE_MAX_NUM_SEQS,
             worker_id="embedded:" + default_worker_id(model),
         )
         thread = threading.Thread(target=_run, args=(worker,), name=f"embedded-worker-{model}", daemon=True)

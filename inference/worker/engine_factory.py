@@ -1,8 +1,26 @@
-"""Building an Engine from worker options and settings."""
+"""Building an Engine from worker options and settings.
+
+The engine and the kernels read no settings and no environment: their knobs are
+EngineConfig fields and two process-wide configurations (kernels.dispatch.configure,
+inference.engine.cpu_matmul.configure), filled here from platform_site/settings.py.
+A setting left unset (None) keeps the engine's or the kernels' own default.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from django.conf import settings
+
+
+def engine_runtime_configure() -> None:
+    """Apply the settings of the kernels and of the CPU matmuls to this process (before a model loads)."""
+    from inference.engine import cpu_matmul  # torch loads only in processes that build an engine
+    from kernels.dispatch import configure
+
+    configure(backend=settings.KERNELS_BACKEND, cpu_native=settings.KERNELS_CPU_NATIVE,
+              cache_dir=settings.KERNELS_CACHE_DIR, cc=settings.KERNELS_CC, tune_malloc=settings.KERNELS_TUNE_MALLOC)
+    cpu_matmul.configure(upcast=settings.ENGINE_CPU_UPCAST_MATMUL, prepack=settings.ENGINE_CPU_PREPACK)
 
 
 def engine_build(
@@ -14,16 +32,13 @@ def engine_build(
     max_num_seqs: int | None = None,
     **extra: Any,
 ) -> Any:
-    from django.conf import settings
+    from inference.engine import Engine, EngineConfig  # torch loads only in processes that build an engine
 
-    from inference.engine import Engine, EngineConfig
-
+    engine_runtime_configure()
     options = {
-        "model": model,
-        "device": device,
         "dtype": dtype or settings.ENGINE_DTYPE,
         "kv_cache_mb": kv_cache_mb or settings.ENGINE_KV_CACHE_MB,
-        "max_num_seqs": max_num_seqs or getattr(settings, "ENGINE_MAX_NUM_SEQS", 64),
-        **extra,
+        "max_num_seqs": max_num_seqs or settings.ENGINE_MAX_NUM_SEQS,
     }
-    return Engine(EngineConfig(**options))
+    options = {name: value for name, value in options.items() if value is not None}  # None: EngineConfig's default
+    return Engine(EngineConfig(model=model, device=device, **options, **extra))

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db import OperationalError, connection
 
+from billing.services.usage import usage_records_insert
 from inference.queue import Job
 
 from .events import EventSink
@@ -71,8 +72,6 @@ def _usage_records_write(records: list[dict[str, Any]]) -> bool:
     Retries a few times on OperationalError (SQLite "database is locked",
     a dropped PostgreSQL connection), reconnecting in between.
     """
-    from billing.services.usage import usage_records_insert
-
     if not records:
         return True
     ids = [record.get("request_id") for record in records]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import logging
 import re
 import secrets
 import string
@@ -32,12 +31,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from inference.errors import AuthenticationError, InvalidRequest, PermissionDenied
+from common.errors import AuthenticationError, InvalidRequest, PermissionDenied
 from tenants.models import ApiKey, Tenant, Tier
 from tenants.services import api_key_cache
 from tenants.services.api_key_cache import api_key_cache_clear, cached_key_get, cached_key_put
-
-logger = logging.getLogger(__name__)
 
 KEY_SCHEME = "sk"
 PUBLIC_ID_ALPHABET = string.ascii_lowercase + string.digits
@@ -248,42 +245,21 @@ def api_key_verify(*, key: str) -> AuthContext:
 
 
 _KEEP_WARM_BATCH = 500
-_keeper: asyncio.Task | None = None  # the keep-warm task of this process's event loop
+_keeper: asyncio.Task | None = None  # the keep-warm task of this process's event loop (api_key_cache.rows)
 
 
-async def _keep_warm() -> None:
-    """Reload the keys in use every half TTL, in one query (api_key_cache: kept warm).
-
-    Ends when no key was used for API_KEY_CACHE_KEEP_WARM_S; the next request starts it again.
-    """
-    while True:
-        ttl, keep = api_key_cache.ttl_s(), api_key_cache.keep_warm_s()
-        if ttl <= 0 or keep <= 0:
-            return
-        await asyncio.sleep(ttl / 2)
-        prefixes = api_key_cache.in_use(keep)
-        if not prefixes:
-            return
-        read_generation = api_key_cache.generation()
-        try:
-            rows = {}
-            for start in range(0, len(prefixes), _KEEP_WARM_BATCH):  # SQLite caps the parameters of a query
-                batch = prefixes[start:start + _KEEP_WARM_BATCH]
-                rows.update({row.prefix: row async for row in _lookup_queryset().filter(prefix__in=batch)})
-        except Exception:  # noqa: BLE001 - the rows expire at their TTL and the next requests read them
-            logger.warning("reloading %d cached API keys failed", len(prefixes), exc_info=True)
-            continue
-        for prefix in prefixes:
-            api_key_cache.reload_done(prefix, rows.get(prefix), read_generation=read_generation)
+async def _reload_rows(prefixes: list[str]) -> dict[str, ApiKey]:
+    """The rows of the keys in use, for the cache's keep-warm task: one query per batch."""
+    rows = {}
+    for start in range(0, len(prefixes), _KEEP_WARM_BATCH):  # SQLite caps the parameters of a query
+        batch = prefixes[start:start + _KEEP_WARM_BATCH]
+        rows.update({row.prefix: row async for row in _lookup_queryset().filter(prefix__in=batch)})
+    return rows
 
 
 def _keeper_ensure() -> None:
     global _keeper
-    if api_key_cache.keep_warm_s() <= 0 or api_key_cache.ttl_s() <= 0:
-        return
-    loop = asyncio.get_running_loop()
-    if _keeper is None or _keeper.done() or _keeper.get_loop() is not loop:
-        _keeper = loop.create_task(_keep_warm(), name="api-key-cache keep-warm")
+    _keeper = api_key_cache.rows.keep_warm(_reload_rows, within_s=api_key_cache.keep_warm_s) or _keeper
 
 
 async def aapi_key_verify(*, key: str) -> AuthContext:

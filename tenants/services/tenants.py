@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils.text import slugify
 
-from inference.errors import InvalidRequest
+from common.errors import InvalidRequest
 from tenants.models import Membership, Tenant, Tier
 
 

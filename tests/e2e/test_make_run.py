@@ -46,7 +46,9 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("make_run")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"PYTEST_VERSION", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
+    # ENV_FILE: `make run` writes its .env there, not into the checkout
     env.update(DEBUG="1", DATABASE_URL=f"sqlite:///{tmp / 'fresh.sqlite3'}", ADMIN_PASSWORD="e2e-admin-password-1",
+               ENV_FILE=str(tmp / ".env"),
                PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     log_path = tmp / "server.log"
     with open(log_path, "w") as log:

@@ -43,22 +43,21 @@ def test_upcast_linear_keeps_leading_dimensions():
 @pytest.mark.parametrize("mode,native,expected", [
     ("auto", False, True), ("auto", True, False), ("1", True, True), ("0", False, False), (" AUTO ", False, True),
 ])
-def test_upcast_mode_follows_the_setting_and_the_cpu(monkeypatch, mode, native, expected):
-    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, mode)
+def test_upcast_mode_follows_the_setting_and_the_cpu(monkeypatch, cpu_matmul_config, mode, native, expected):
+    cpu_matmul_config(upcast=mode)
     monkeypatch.setattr(cpu_matmul, "_native_16bit_gemm", lambda dtype: native)
     assert cpu_matmul.upcast_enabled(torch.bfloat16) is expected
     assert cpu_matmul.upcast_enabled(torch.float16) is expected
     assert cpu_matmul.upcast_enabled(torch.float32) is False  # float32 is never touched
 
 
-def test_a_bad_setting_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "sometimes")
-    with pytest.raises(ValueError, match="ENGINE_CPU_UPCAST_MATMUL must be auto, 0 or 1"):
-        cpu_matmul.upcast_enabled(torch.bfloat16)
+def test_a_bad_setting_is_a_clear_error(cpu_matmul_config):
+    with pytest.raises(ValueError, match=r"\(ENGINE_CPU_UPCAST_MATMUL\) must be auto, 0 or 1"):
+        cpu_matmul_config(upcast="sometimes")
 
 
-def test_linear_upcasts_only_inputs_with_enough_rows(monkeypatch):
-    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "1")
+def test_linear_upcasts_only_inputs_with_enough_rows(monkeypatch, cpu_matmul_config):
+    cpu_matmul_config(upcast="1")
     w = torch.randn(300, 64).to(torch.bfloat16)
     calls = []
     real = cpu_matmul.upcast_linear
@@ -68,16 +67,16 @@ def test_linear_upcasts_only_inputs_with_enough_rows(monkeypatch):
     assert torch.equal(cpu_matmul.linear(few, w), F.linear(few, w))
     assert torch.equal(cpu_matmul.linear(many, w), real(many, w))
     assert calls == [many.shape]
-    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "0")
+    cpu_matmul_config(upcast="0")
     assert torch.equal(cpu_matmul.linear(many, w), F.linear(many, w))
     assert calls == [many.shape]
 
 
-def test_packed_layer_picks_int4_then_upcast_by_rows(monkeypatch):
+def test_packed_layer_picks_int4_then_upcast_by_rows(monkeypatch, cpu_matmul_config):
     """A Q4 layer on a CPU without bf16 GEMM: int4 up to INT4_MAX_ROWS_UPCAST rows, float32 above."""
     if not packed_linear.int4_supported(torch.device("cpu"), torch.bfloat16):
         pytest.skip("this torch has no CPU int4 matmul")
-    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "1")
+    cpu_matmul_config(upcast="1")
     g = torch.Generator().manual_seed(0)
     n, k = 64, 96
     groups = Int4Groups(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
@@ -96,7 +95,7 @@ def test_packed_layer_picks_int4_then_upcast_by_rows(monkeypatch):
         ref = _exact(x, layer.weight)
         assert torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), dim=0) > 0.999
     assert seen == [limit + 1]
-    monkeypatch.setenv(cpu_matmul.UPCAST_ENV, "0")
+    cpu_matmul_config(upcast="0")
     assert layer.int4_max_rows() == packed_linear.INT4_MAX_ROWS
 
 
@@ -118,17 +117,14 @@ def test_prepacked_linear_equals_f_linear(rows):
     assert torch.equal(cpu_matmul.prepacked_linear(x, packed, b), F.linear(x, w, b))
 
 
-def test_prepack_applies_only_to_native_bf16_weights(monkeypatch):
+def test_prepack_applies_only_to_native_bf16_weights(monkeypatch, cpu_matmul_config):
     w = torch.randn(64, 32)
     assert cpu_matmul.prepack(w) is None  # float32 stays the plain product
     monkeypatch.setattr(cpu_matmul, "_native_16bit_gemm", lambda dtype: False)
     assert cpu_matmul.prepack(w.to(torch.bfloat16)) is None  # upcast CPUs: float32 GEMMs instead
     monkeypatch.setattr(cpu_matmul, "_native_16bit_gemm", lambda dtype: True)
-    monkeypatch.setenv(cpu_matmul.PREPACK_ENV, "0")
+    cpu_matmul_config(prepack=False)
     assert cpu_matmul.prepack(w.to(torch.bfloat16)) is None
-    monkeypatch.setenv(cpu_matmul.PREPACK_ENV, "yes")
-    with pytest.raises(ValueError, match="ENGINE_CPU_PREPACK must be 0 or 1"):
-        cpu_matmul.prepack(w.to(torch.bfloat16))
 
 
 def test_prepacked_layer_multiplies_by_the_packed_weight(monkeypatch):

@@ -129,7 +129,7 @@ def test_cpu_runner_declines_what_it_cannot_run(cpu_setup):
     assert out is not None and out.shape == (16, model.config.hidden_size)
 
 
-def test_runner_through_triton_launchers_on_cpu(smollm_fp32, monkeypatch):
+def test_runner_through_triton_launchers_on_cpu(smollm_fp32, kernel_config):
     """The GPU kernels (under Triton's interpreter) on the static buffers: the decode kernel's split count
     follows the static table width (16 blocks) rather than the live one, padding rows hit empty splits
     and slot -1; the result still equals the eager Triton forward. Two layers keep the interpreter quick."""
@@ -137,7 +137,7 @@ def test_runner_through_triton_launchers_on_cpu(smollm_fp32, monkeypatch):
 
     if not interpreter_active():
         pytest.skip("Triton's interpreter is off (TRITON_INTERPRET=1 is set only on hosts without a GPU)")
-    monkeypatch.setenv("KERNELS_BACKEND", "triton")
+    kernel_config(backend="triton")
     model, config = first_layers(smollm_fp32, 2)
     batches = Batches(config, num_blocks=64, dtype=torch.float32, device="cpu")
     lengths = [200, 5, 16, 31, 47]  # batch 1 decodes the long one: 2 splits here, 1 in the eager run

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 STEPS = [[(0, 37), (1, 5), (2, 16)], [(0, 1), (1, 1), (2, 9)], [(0, 1), (1, 1), (2, 1)]]
 
 
-def run_steps(model, config, backend: str, monkeypatch) -> tuple[list[torch.Tensor], list]:
-    monkeypatch.setenv("KERNELS_BACKEND", backend)
+def run_steps(model, config, backend: str, kernel_config) -> tuple[list[torch.Tensor], list]:
+    kernel_config(backend=backend)
     batches = Batches(config, num_blocks=32, dtype=torch.float32, device="cpu", seed=5)
     batches.new_sequences(3)
     hidden = []
@@ -32,15 +32,15 @@ def run_steps(model, config, backend: str, monkeypatch) -> tuple[list[torch.Tens
     return hidden, batches.caches
 
 
-def test_every_kernel_set_gives_the_native_cpu_forward(smollm_fp32, monkeypatch):
+def test_every_kernel_set_gives_the_native_cpu_forward(smollm_fp32, kernel_config):
     model, config = first_layers(smollm_fp32, 2)
     base = "cpu" if native_cpu_available() else "ref"
     backends = ["ref"] * (base != "ref") + ["triton"] * interpreter_active()
     if not backends:
         pytest.skip("only the reference kernel set runs here (no C compiler, no TRITON_INTERPRET): nothing to compare")
-    expected, expected_caches = run_steps(model, config, base, monkeypatch)
+    expected, expected_caches = run_steps(model, config, base, kernel_config)
     for backend in backends:
-        hidden, caches = run_steps(model, config, backend, monkeypatch)
+        hidden, caches = run_steps(model, config, backend, kernel_config)
         for step, (got, want) in enumerate(zip(hidden, expected)):
             torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4, msg=lambda m: f"{backend} step {step}: {m}")
         for layer, ((k, v), (k_want, v_want)) in enumerate(zip(caches, expected_caches)):

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
+from common.errors import ApiError
 from inference.api.parsing import json_object_parse
 from inference.api.schemas import chat_request_parse, completion_request_parse
-from inference.errors import ApiError
 
 MSG = [{"role": "user", "content": "Hello"}]
 MODEL = "smollm2-135m-instruct"

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from common.errors import ServiceUnavailable
 from inference.api import services
-from inference.errors import ServiceUnavailable
 
 
 class FakeQueue:
@@ -27,10 +27,10 @@ def queue(monkeypatch, settings):
     monkeypatch.setattr("inference.queue.get_job_queue", lambda: fake)
     monkeypatch.setattr(services, "LIVE_WORKERS_TTL_S", 0.2)
     monkeypatch.setattr(services, "LIVE_WORKERS_RECHECK_S", 0.1)
-    services._live_until.clear()
+    services._live_workers.clear()
     services._live_rechecks.clear()
     yield fake
-    services._live_until.clear()
+    services._live_workers.clear()
     services._live_rechecks.clear()
 
 

@@ -6,8 +6,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from common.errors import NotFound
 from inference.api import model_access
-from inference.errors import NotFound
 from inference.models import ServedModel
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -40,9 +40,9 @@ def device(request) -> str:
 
 
 @pytest.fixture
-def fresh_loader(monkeypatch, tmp_path):
-    """kernels.cpu_native with an empty load cache and its own cache directory (builds with a test's $CC)."""
+def fresh_loader(monkeypatch, tmp_path, kernel_config):
+    """kernels.cpu_native with an empty load cache and its own cache directory (builds with a test's compiler)."""
     monkeypatch.setattr(cpu_native, "_loaded", {})
     monkeypatch.setattr(cpu_native, "_warned", False)
-    monkeypatch.setenv(cpu_native.CACHE_ENV, str(tmp_path))
+    kernel_config(cache_dir=tmp_path)
     return tmp_path

@@ -25,7 +25,7 @@ def native_library():
     if cpu_native.find_compiler() is None:
         pytest.skip("no C compiler on this host (set CC or install gcc): the native kernel cannot be built")
     if not cpu_native.enabled():
-        pytest.skip(f"{cpu_native.ENABLE_ENV}=0 in the environment")
+        pytest.skip("the native CPU kernels are configured off (kernels.config cpu_native)")
     assert cpu_native.load() is not None, "a C compiler is present but the native kernel did not build"
 
 
@@ -173,11 +173,11 @@ def test_avx2_cpus_get_the_intrinsics_loops():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_portable_loops_match_the_reference(fresh_loader, monkeypatch, dtype):
+def test_portable_loops_match_the_reference(fresh_loader, kernel_config, dtype):
     """The loops of CPUs without AVX2 (ARM, older x86), built here with AVX2 and FMA turned off."""
     if not _x86_avx2():
         pytest.skip("not an x86 CPU with AVX2 and FMA: the default build already runs the portable loops")
-    monkeypatch.setenv("CC", f"{cpu_native.find_compiler()} -mno-avx2 -mno-fma")
+    kernel_config(cc=f"{cpu_native.find_compiler()} -mno-avx2 -mno-fma")
     lib = cpu_native.load()
     assert lib is not None and lib.paged_decode_attention_uses_avx2() == 0
     for hq, hkv, dim, bs in SHAPES:
@@ -188,9 +188,8 @@ def test_portable_loops_match_the_reference(fresh_loader, monkeypatch, dtype):
     _check(case, paged_decode_attention_cpu(*_args(case), num_splits=3), dtype)
 
 
-def test_disabled_falls_back_to_reference(fresh_loader, monkeypatch):
-    monkeypatch.setenv(cpu_native.ENABLE_ENV, "0")
-    monkeypatch.delenv("KERNELS_BACKEND", raising=False)
+def test_disabled_falls_back_to_reference(fresh_loader, kernel_config):
+    kernel_config(cpu_native=False, backend="auto")
     assert cpu_native.load() is None
     assert select_backend("cpu") == "ref"
     assert get_ops("cpu").paged_decode_attention is paged_decode_attention_ref
@@ -200,8 +199,8 @@ def test_disabled_falls_back_to_reference(fresh_loader, monkeypatch):
     assert not list(fresh_loader.glob("*.so"))
 
 
-def test_missing_compiler_warns_once_and_falls_back(fresh_loader, monkeypatch, caplog):
-    monkeypatch.setenv("CC", "/nonexistent/cc")
+def test_missing_compiler_warns_once_and_falls_back(fresh_loader, kernel_config, caplog):
+    kernel_config(cc="/nonexistent/cc")
     with caplog.at_level(logging.WARNING, logger="kernels.cpu_native"):
         assert cpu_native.load() is None
         cpu_native._loaded.clear()
@@ -218,16 +217,16 @@ def test_failed_build_falls_back(fresh_loader, monkeypatch, tmp_path_factory):
     assert not list(fresh_loader.iterdir())  # no library, no leftover temp file
 
 
-def test_dispatch_uses_native_decode_on_cpu(monkeypatch):
-    monkeypatch.delenv("KERNELS_BACKEND", raising=False)
+def test_dispatch_uses_native_decode_on_cpu(kernel_config):
+    kernel_config(backend="auto")
     assert select_backend("cpu") == "cpu"
     ops = get_ops("cpu")
     assert ops.backend == "cpu"
     assert ops.paged_decode_attention is paged_decode_attention_cpu
     assert ops.paged_prefill_attention is get_ops_ref().paged_prefill_attention
-    monkeypatch.setenv("KERNELS_BACKEND", "ref")
+    kernel_config(backend="ref")
     assert get_ops("cpu").paged_decode_attention is paged_decode_attention_ref
-    monkeypatch.setenv("KERNELS_BACKEND", "cpu")
+    kernel_config(backend="cpu")
     assert select_backend("cpu") == "cpu"
     with pytest.raises(ValueError, match="CPU devices only"):
         select_backend("cuda")

@@ -70,13 +70,13 @@ def _flags() -> list[str]:
 
 @pytest.mark.parametrize("isa,extra", [(1, "-mno-avx512f"), (0, "-mno-avx512f -mno-avx2 -mno-fma")],
                          ids=["avx2", "portable"])
-def test_narrower_builds_match(fresh_loader, monkeypatch, isa, extra):
+def test_narrower_builds_match(fresh_loader, kernel_config, isa, extra):
     """The AVX2 and portable loops, built here by turning the wider instruction sets off."""
     if isa == 1 and not {"avx2", "fma"} <= set(_flags()):
         pytest.skip("no AVX2 + FMA on this CPU: the default build already runs the portable loops")
     if isa == 0 and not {"avx2", "avx512f"} & set(_flags()):
         pytest.skip("the default build already runs the portable loops")
-    monkeypatch.setenv("CC", f"{cpu_native.find_compiler()} {extra}")
+    kernel_config(cc=f"{cpu_native.find_compiler()} {extra}")
     assert q8.library().q8_matmul_isa() == isa
     for dtype in (torch.float32, torch.bfloat16):
         for rows, n, k in ((1, 100, 576), (9, 65, 96)):

@@ -185,17 +185,17 @@ def test_silu_and_mul(dtype, tol):
     _close(out, expected, tol * 4)
 
 
-def test_dispatch_picks_refs_on_cpu(monkeypatch):
-    monkeypatch.setenv("KERNELS_BACKEND", "ref")
+def test_dispatch_picks_refs_on_cpu(kernel_config):
+    kernel_config(backend="ref")
     ops = get_ops(torch.device("cpu"))
     assert ops.backend == "ref"
     assert ops.paged_decode_attention is paged_decode_attention_ref
     assert ops.store_kv is store_kv_ref
     assert ops.rotary_and_store_kv is rotary_and_store_kv_ref
     assert select_backend("cuda") == "ref"
-    monkeypatch.setenv("KERNELS_BACKEND", "bogus")
-    with pytest.raises(ValueError):
-        select_backend("cpu")
+    with pytest.raises(ValueError, match="ref, cpu, triton, auto"):
+        kernel_config(backend="bogus")
+    assert select_backend("cpu") == "ref"  # a refused configuration leaves the last one in force
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

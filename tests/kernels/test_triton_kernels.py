@@ -220,13 +220,13 @@ def test_launchers_reject_bad_inputs(device):
                             case.k_cache, case.v_cache, torch.zeros(2, dtype=torch.int64, device=device))
 
 
-def test_dispatch_forced_triton(device, monkeypatch):
-    monkeypatch.setenv("KERNELS_BACKEND", "triton")
+def test_dispatch_forced_triton(device, kernel_config):
+    kernel_config(backend="triton")
     ops = get_ops(device)
     assert ops.backend == "triton"
     assert ops.paged_decode_attention is paged_decode_attention
     assert ops.paged_prefill_attention is paged_prefill_attention
     assert ops.store_kv is store_kv and ops.silu_and_mul is silu_and_mul
     assert ops.rotary_and_store_kv is rotary_and_store_kv
-    monkeypatch.delenv("KERNELS_BACKEND")
+    kernel_config(backend="auto")
     assert get_ops(device).backend in (("triton",) if device == "cuda" else ("cpu", "ref"))

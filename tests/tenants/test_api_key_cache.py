@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils import timezone
 
-from inference.errors import AuthenticationError, PermissionDenied
+from common.errors import AuthenticationError, PermissionDenied
 from tenants.models import ApiKey
 from tenants.services import api_keys as svc
 from tenants.services.api_key_cache import cached_key_get

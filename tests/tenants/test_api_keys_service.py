@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from inference.errors import AuthenticationError, InvalidRequest, PermissionDenied
+from common.errors import AuthenticationError, InvalidRequest, PermissionDenied
 from tenants.models import ApiKey, Tenant
 from tenants.services import api_keys as svc
 from tenants.services.api_keys import (

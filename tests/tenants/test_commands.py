@@ -61,11 +61,11 @@ def test_bootstrap_twice_changes_nothing_but_adds_a_key(db):
     assert get_user_model().objects.get(username="admin").check_password("a-long-admin-password-1")
 
 
-def test_bootstrap_password_from_env_or_generated(db, monkeypatch):
-    monkeypatch.setenv("ADMIN_PASSWORD", "env-password-long-enough")
+def test_bootstrap_password_from_env_or_generated(db, settings):
+    settings.BOOTSTRAP_ADMIN_PASSWORD = "env-password-long-enough"  # what $ADMIN_PASSWORD sets
     run("bootstrap")
     assert get_user_model().objects.get(username="admin").check_password("env-password-long-enough")
-    monkeypatch.delenv("ADMIN_PASSWORD")
+    settings.BOOTSTRAP_ADMIN_PASSWORD = None
     out = run("bootstrap", admin_username="ops")
     password = re.search(r"user ops  password (\S+)", out).group(1)
     assert get_user_model().objects.get(username="ops").check_password(password)

@@ -24,6 +24,7 @@ def production_env(tmp_path, **overrides) -> dict:
         SECRET_KEY=secrets.token_urlsafe(64),
         API_KEY_PEPPER=secrets.token_urlsafe(48),
         DATABASE_URL=f"sqlite:///{tmp_path / 'deploy.sqlite3'}",
+        ENV_FILE=str(tmp_path / "absent.env"),  # a developer's .env (from `make run`) must not count here
     )
     env.update(overrides)
     return {k: v for k, v in env.items() if v is not None}

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from inference.worker.engine_factory import engine_runtime_configure
+
 
 def _register_from_database(name: str) -> bool:
     """Register a ServedModel row's files under `name`; False when there is no usable row
@@ -105,6 +107,7 @@ class Command(BaseCommand):
             sampling.validate()
         except EngineValidationError as exc:
             raise CommandError(f"--{exc.param.replace('_', '-')}: {exc.message}") from exc
+        engine_runtime_configure()
         engine = Engine(EngineConfig(model=model, device=options["device"], dtype=options["dtype"],
                                      kv_cache_mb=options["kv_cache_mb"], max_num_seqs=1))
         tokenizer = engine.tokenizer

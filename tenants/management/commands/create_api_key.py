@@ -4,7 +4,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from inference.errors import ApiError
+from common.errors import ApiError
 from tenants.selectors import tenant_get
 from tenants.services.api_keys import api_key_create
 

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.errors import ApiError
+from common.errors import ApiError
 from tenants.selectors import tier_get
 from tenants.services.tenants import tenant_create
 

@@ -3,29 +3,28 @@
 Prints a new demo API key every run (the only thing a second run adds).
 """
 
-import os
-
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from billing.services.prices import prices_bootstrap_defaults
-from tenants.services.bootstrap import platform_bootstrap
+from inference.services import platform_bootstrap
 
 
 class Command(BaseCommand):
     help = "Create default tiers, the served model, a demo tenant and an admin user (idempotent); print a new demo key."
 
     def add_arguments(self, parser):
-        parser.add_argument("--admin-username", default=os.environ.get("ADMIN_USERNAME", "admin"))
+        parser.add_argument("--admin-username", default=settings.BOOTSTRAP_ADMIN_USERNAME)
         parser.add_argument("--admin-email", default="admin@example.com")
         parser.add_argument(
             "--admin-password",
             default=None,
             help="Password for a newly created admin user (default: $ADMIN_PASSWORD, else generated and printed).",
         )
-        parser.add_argument("--base-url", default=os.environ.get("BASE_URL", "http://127.0.0.1:8000"))
+        parser.add_argument("--base-url", default=settings.BASE_URL)
 
     def handle(self, *args, **options):
-        password = options["admin_password"] or os.environ.get("ADMIN_PASSWORD") or None
+        password = options["admin_password"] or settings.BOOTSTRAP_ADMIN_PASSWORD
         result = platform_bootstrap(
             admin_username=options["admin_username"], admin_password=password, admin_email=options["admin_email"]
         )
