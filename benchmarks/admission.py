@@ -57,7 +57,7 @@ def _auth(tenant_id: int):
 def _overshoot_worker(prefix: str, tenant_id: int, count: int, barrier, results) -> None:
     _setup(prefix)
     from billing.services.admission import aadmission_reserve
-    from inference.errors import ApiError
+    from common.errors import ApiError
 
     auth = _auth(tenant_id)
 

@@ -33,7 +33,7 @@ from billing.admission.base import QUOTA, REQUESTS, SPEND, TOKENS, Actual, Bucke
 from billing.admission.headers import quota_message, rate_message, ratelimit_headers, retry_after_headers
 from billing.periods import Period, month_containing
 from tenants.services.limits import ScopeLimits, key_limits, tenant_limits
-from inference.errors import InsufficientQuota, RateLimited, ServiceUnavailable
+from common.errors import InsufficientQuota, RateLimited, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 

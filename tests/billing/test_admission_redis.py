@@ -12,7 +12,7 @@ from asgiref.sync import async_to_sync
 from billing.admission import reset_admission_backend
 from billing.admission.redis_backend import RedisAdmission
 from billing.services.admission import aadmission_reserve, admission_settle_records
-from inference.errors import InsufficientQuota, ServiceUnavailable
+from common.errors import InsufficientQuota, ServiceUnavailable
 from tests.billing.admission_helpers import REDIS_TEST_URL, require_redis
 
 MODEL = "m"

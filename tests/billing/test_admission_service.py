@@ -13,7 +13,7 @@ from django.core import mail
 from billing.admission import reset_admission_backend
 from billing.admission.memory import MemoryAdmission
 from billing.services.admission import aadmission_reserve, admission_settle_records, period_current
-from inference.errors import InsufficientQuota, RateLimited
+from common.errors import InsufficientQuota, RateLimited
 from tests.billing.admission_helpers import Clock
 
 MODEL = "m"
