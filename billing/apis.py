@@ -15,7 +15,7 @@ from django.utils import timezone
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.errors import InvalidRequest, NotFound
+from common.errors import InvalidRequest, NotFound
 from billing.models import Invoice
 from billing.money import usd_str
 from billing.selectors import invoices_of

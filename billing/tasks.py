@@ -21,3 +21,20 @@ def close_invoices() -> dict:
 
     result = invoices_close()
     return {"drafts": len(result.drafts), "finalized": len(result.finalized), "credit_notes": len(result.credit_notes)}
+
+
+@shared_task(name="billing.tasks.release_stale_reservations", ignore_result=True)
+def release_stale_reservations() -> int:
+    """Settle or release admission reservations older than the longest request (a lost settlement)."""
+    from billing.services.admission import reservations_release_stale
+
+    return reservations_release_stale()
+
+
+@shared_task(name="billing.tasks.send_budget_alert", ignore_result=True, autoretry_for=(OSError,), retry_backoff=True,
+             max_retries=5)
+def send_budget_alert(*, scope: str, period: str, percent: int, used: int, limit: int) -> int:
+    """E-mail the owners that `percent` of a monthly budget is used (marked once per threshold and period)."""
+    from billing.services.admission_ledger import budget_alert_send
+
+    return budget_alert_send(scope=scope, period=period, percent=percent, used_nanos=used, limit_nanos=limit)

@@ -14,10 +14,12 @@ from django.db.models import Count, Q
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from tenants.models import ApiKey, Membership, Tenant, Tier
 from tenants.selectors import api_key_status
 from tenants.services.api_keys import api_key_issue, api_key_revoke
+from tenants.services.limits import LIMIT_FIELDS, limits_explain
 from tenants.services.tenants import tenant_change_tier, tenant_reactivate, tenant_suspend
 
 
@@ -62,6 +64,22 @@ class ChangeTierForm(forms.Form):
     tier = forms.ModelChoiceField(queryset=Tier.objects.all(), empty_label=None)
 
 
+def limits_table(*, tenant, api_key=None):
+    """The tier's value, the override, the effective limit and where it comes from (0: none)."""
+    rows = format_html_join(
+        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td><b>{}</b></td><td>{}</td></tr>",
+        ((row.name, _shown(row.tier), _shown(row.override), _shown(row.effective) if row.effective else "none",
+          row.source) for row in limits_explain(tenant=tenant, api_key=api_key)),
+    )
+    override = "key" if api_key is not None else "tenant"
+    return format_html("<table><tr><th>limit</th><th>tier</th><th>{}</th><th>effective</th><th>from</th></tr>{}</table>",
+                       override, rows)
+
+
+def _shown(value):
+    return "-" if value is None else value
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = (
@@ -74,6 +92,11 @@ class TenantAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ("name",)}
     inlines = (MembershipInline, ApiKeyInline)
     actions = ("change_tier", "suspend", "reactivate")
+    readonly_fields = ("effective_limits",)
+
+    @admin.display(description="effective limits")
+    def effective_limits(self, obj):
+        return limits_table(tenant=obj) if obj.pk else "-"
 
     def get_queryset(self, request):
         active = Count("api_keys", filter=Q(api_keys__revoked_at__isnull=True))
@@ -158,7 +181,7 @@ class ApiKeyForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ("tenant", "name", "scopes", "expires_at")
+        fields = ("tenant", "name", "scopes", "expires_at", *LIMIT_FIELDS)
 
     def clean_scopes(self):
         return sorted(set(self.cleaned_data["scopes"]))
@@ -180,13 +203,18 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ()
-        return ("tenant", "prefix", "last_four", "created_by", "created_at", "revoked_at", "last_used_at")
+        return ("tenant", "prefix", "last_four", "created_by", "created_at", "revoked_at", "last_used_at",
+                "effective_limits")
 
     def get_fields(self, request, obj=None):
         if obj is None:
             return ("tenant", "name", "scopes", "expires_at")
         return ("tenant", "name", "prefix", "last_four", "scopes", "expires_at", "created_by", "created_at",
-                "revoked_at", "last_used_at")
+                "revoked_at", "last_used_at", *LIMIT_FIELDS, "effective_limits")
+
+    @admin.display(description="effective limits")
+    def effective_limits(self, obj):
+        return limits_table(tenant=obj.tenant, api_key=obj)
 
     @admin.display(description="status")
     def key_status(self, obj):

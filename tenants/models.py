@@ -61,6 +61,11 @@ class Tenant(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE, db_index=True)
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
     monthly_spend_limit_micros = models.BigIntegerField(default=0, help_text="Micro-dollars; 0 means no limit")
+    # Overrides of the tier's limits for this tenant (empty: the tier's; 0: no limit).
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the tier's")
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the tier's")
+    max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the tier's")
+    monthly_token_quota = models.BigIntegerField(null=True, blank=True, help_text="Empty: the tier's; 0 means unlimited")
     # Tenants in the same non-empty group may share prefix-cache blocks (operator decision).
     cache_share_group = models.CharField(max_length=60, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
@@ -127,6 +132,14 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True, db_index=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # A key's own ceilings, on top of its tenant's (empty: none; billing.admission).
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: only the tenant's limit")
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: only the tenant's limit")
+    max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: only the tenant's limit")
+    monthly_token_quota = models.BigIntegerField(null=True, blank=True, help_text="Empty: only the tenant's quota")
+    monthly_spend_limit_micros = models.BigIntegerField(
+        null=True, blank=True, help_text="Micro-dollars; empty: only the tenant's budget"
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -124,3 +124,22 @@ def _api_key_cache_empty():
     if cache is not None:
         cache.api_key_cache_clear()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _admission_counters_fresh(settings):
+    """Each test counts its limits afresh (billing.admission): its own key prefix, emptied after."""
+    import uuid
+
+    from billing import admission
+
+    settings.ADMISSION_KEY_PREFIX = f"lim-test:{uuid.uuid4().hex}"
+    admission.reset_admission_backend()
+    yield
+    backend = admission._backend
+    if backend is not None:
+        try:
+            backend.flush()
+        except Exception:  # noqa: BLE001 - a test that stopped Redis on purpose
+            pass
+    admission.reset_admission_backend()

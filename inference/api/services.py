@@ -47,6 +47,7 @@ class PreparedRequest:
     prompt_token_ids: list[int]
     sampling: dict  # SamplingParams.to_dict(), the Job's wire form
     max_tokens: int
+    admission: object = None  # billing.services.admission.Admission, once admitted (ajob_submit)
 
 
 def request_id_new() -> str:
@@ -190,7 +191,7 @@ def job_build(*, prepared: PreparedRequest, reply_channel: str):
         sampling=prepared.sampling,
         reply_channel=reply_channel,
         enqueued_at=time.time(),
-        reservation_id=None,
+        reservation_id=prepared.request_id if getattr(prepared.admission, "reserved", False) else None,
         cache_salt=auth.tenant.cache_salt,
         endpoint=prepared.request.endpoint,
         tenant_slug=auth.tenant.slug,
@@ -243,14 +244,31 @@ async def _live_workers_check(model: str) -> bool:
 
 
 async def ajob_submit(*, prepared: PreparedRequest):
-    """Check capacity and enqueue; returns the JobRun to read events from (use `async with`)."""
+    """Check capacity, admit (limits, quota, budget) and enqueue; returns the JobRun to read events
+    from (use `async with`). A request that is admitted but not queued gives its reservation back."""
+    from billing.services.admission import aadmission_reserve
+
+    await _capacity_check(prepared.model.name)
+    prepared.admission = await aadmission_reserve(
+        auth=prepared.auth, request_id=prepared.request_id, model=prepared.model.name,
+        prompt_tokens=len(prepared.prompt_token_ids), max_tokens=prepared.max_tokens,
+    )
+    try:
+        return await _enqueue(prepared)
+    except BaseException:
+        from billing.services.admission import aadmission_release
+
+        await asyncio.shield(aadmission_release(admission=prepared.admission))
+        raise
+
+
+async def _enqueue(prepared: PreparedRequest):
     from channels.layers import get_channel_layer
 
     from inference.api.events import JobRun, job_cancel
     from inference.api.replies import reply_channel_get
     from inference.queue import QueueFull, get_job_queue
 
-    await _capacity_check(prepared.model.name)
     reply = await reply_channel_get(get_channel_layer())
     job = job_build(prepared=prepared, reply_channel=reply.name)
     # Waiting before it is queued: the first event may come before enqueue() returns.

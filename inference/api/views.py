@@ -113,13 +113,14 @@ class _JobStreamingResponse(StreamingHttpResponse):
 async def _serve(request, endpoint: str) -> HttpResponse:
     started = time.perf_counter()
     request_id = request_id_new()
+    prepared: PreparedRequest | None = None
     try:
         request.get_host()  # ALLOWED_HOSTS (DisallowedHost -> 400), as CommonMiddleware would check
         if request.method != "POST":
             raise ApiError(f"Method {request.method} is not allowed; use POST.", status=405, code="method_not_allowed")
         auth = await _authenticate(request)
         api_request = api_request_parse(endpoint=endpoint, body=_body(request))
-        prepared: PreparedRequest = await arequest_prepare(auth=auth, request=api_request, request_id=request_id)
+        prepared = await arequest_prepare(auth=auth, request=api_request, request_id=request_id)
         builder = response_builder(prepared=prepared)
         run = await ajob_submit(prepared=prepared)
         if api_request.stream:
@@ -139,6 +140,9 @@ async def _serve(request, endpoint: str) -> HttpResponse:
         response = JsonResponse(
             error_body("The server had an error while processing your request.", error_type="server_error"), status=500
         )
+    if prepared is not None and prepared.admission is not None:
+        for name, value in prepared.admission.headers.items():  # x-ratelimit-*: streamed, they go with the first bytes
+            response[name] = value
     return _common_headers(response, request=request, request_id=request_id, started=started)
 
 

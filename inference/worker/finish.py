@@ -47,6 +47,17 @@ class ActiveRequest:
 
 
 def usage_records_safe(records: list[dict[str, Any]]) -> bool:
+    """Write the records (`_usage_records_write`), then settle their admission reservations
+    (billing.services.admission: tokens refunded, concurrency slots freed, quota and budget
+    counters corrected to the actual cost); neither ever raises."""
+    from billing.services.admission import admission_settle_records
+
+    written = _usage_records_write(records)
+    admission_settle_records(records)
+    return written
+
+
+def _usage_records_write(records: list[dict[str, Any]]) -> bool:
     """usage_records_insert (one statement for all `records`), never raising: a database
     hiccup must not kill the loop. True when written.
 
@@ -68,7 +79,7 @@ def usage_records_safe(records: list[dict[str, Any]]) -> bool:
             logger.exception("could not write the usage records of %s", ids)
             _reconnect()
             if len(records) > 1:  # one bad record must not cost the others theirs
-                return all([usage_records_safe([record]) for record in records])
+                return all([_usage_records_write([record]) for record in records])
             return False
     logger.error("gave up writing the usage records of %s", ids)
     return False

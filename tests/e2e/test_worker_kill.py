@@ -6,6 +6,9 @@ the events from the Redis channel layer, as the API does.
   then worker B starts, and A is killed with SIGKILL. B reaps A: the two
   unstarted jobs are requeued and B serves them to the end; the two started
   ones end with an error event. Each request has exactly one usage record.
+- Every job holds a concurrency slot (billing.admission, as the web admits it):
+  after the kill, the reaper's error records and B's finished ones give all of
+  them back.
 - B gets SIGTERM while it streams a job: it finishes that job, takes no new
   one, unregisters and exits 0.
 """
@@ -21,6 +24,7 @@ import uuid
 
 import pytest
 
+from billing.admission.base import Plan, Slot
 from tests.e2e.processes import (
     MODEL, Proc, database_prepare, postgres_database_reset, process_env, usage_records, wait_until, worker_start,
 )
@@ -57,12 +61,14 @@ def stack(tmp_path_factory):
         pytest.skip(problem)
     import psycopg
 
+    from billing.admission.redis_backend import RedisAdmission
     from inference.queue.redis_backend import RedisJobQueue
 
     tmp = tmp_path_factory.mktemp("worker_kill")
     prefix = f"e2e-{uuid.uuid4().hex[:8]}"
     postgres_database_reset(DATABASE_URL)
     env = process_env(DATABASE_URL=DATABASE_URL, REDIS_URL=REDIS_URL, QUEUE_KEY_PREFIX=prefix,
+                      ADMISSION_KEY_PREFIX=f"{prefix}-lim",
                       WORKER_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S), OMP_NUM_THREADS="1", LOG_LEVEL="INFO")
     database_prepare(env)
     with psycopg.connect(DATABASE_URL) as conn:
@@ -70,11 +76,14 @@ def stack(tmp_path_factory):
             "SELECT t.id, r.name FROM tenants_tenant t JOIN tenants_tier r ON r.id = t.tier_id WHERE t.slug = 'demo'"
         ).fetchone()
     queue = RedisJobQueue(url=REDIS_URL, prefix=prefix, heartbeat_timeout=HEARTBEAT_TIMEOUT_S)
+    admission = RedisAdmission(url=REDIS_URL, prefix=f"{prefix}-lim")
     procs: list[Proc] = []
-    yield {"env": env, "tmp": tmp, "queue": queue, "tenant_id": tenant_id, "tier": tier, "procs": procs}
+    yield {"env": env, "tmp": tmp, "queue": queue, "tenant_id": tenant_id, "tier": tier, "procs": procs,
+           "admission": admission}
     for proc in procs:
         proc.stop(timeout=20)
     queue.flush()
+    admission.flush()
 
 
 def start_worker(stack, name: str) -> Proc:
@@ -134,8 +143,13 @@ async def test_sigkill_requeues_unstarted_fails_started_and_sigterm_drains(stack
     # Two long jobs run on A (max_num_seqs 2); two short ones wait behind them in
     # A's engine, leased but unstarted, while B loads.
     jobs = [job_for(stack, await events.channel(), max_tokens=n) for n in (1000, 1000, 48, 48)]
-    for job in jobs:
+    admission = stack["admission"]
+    slot = Slot(admission.key("cc", f"t{stack['tenant_id']}"), 4)
+    for job in jobs:  # admitted as the web admits them: one slot each, settled when the request ends
+        assert admission.admit(Plan(request_id=job.request_id, slots=(slot,))).admitted
+        job.reservation_id = job.request_id
         queue.enqueue(job)
+    assert admission.admit(Plan(request_id="a-fifth", slots=(slot,))).refusal.kind == "concurrency"
     first = {job.request_id: await events.receive(job.reply_channel) for job in jobs[:2]}
     assert all(event["type"] == "engine.delta" for event in first.values())
     leases = wait_until(lambda: (l := queue.leases("worker-a")) and len(l) == 4 and l, timeout=10, what="4 leases")
@@ -164,6 +178,8 @@ async def test_sigkill_requeues_unstarted_fails_started_and_sigterm_drains(stack
         assert rows[0]["finish_reason"] == expected
     assert {w["worker_id"] for w in queue.live_workers(MODEL)} == {"worker-b"}
     assert queue.leases("worker-a") == {}
+    assert admission.redis.zcard(slot.key) == 0  # the reaped and the requeued requests gave their slots back
+    assert admission.stale_reservations() == [] and not admission.redis.exists(admission.key("res", jobs[0].request_id))
 
     # SIGTERM: B finishes the job it streams, leaves the next one queued, exits 0.
     running = job_for(stack, await events.channel(), max_tokens=40)

@@ -1,0 +1,231 @@
+"""Admission: zero overshoot across web processes, and what one admission costs (limits on vs off).
+
+1. Overshoot. --processes processes (each its own Django, database connection
+   and Redis client, as web processes are) start --requests concurrent
+   `aadmission_reserve` calls together, through the service (effective
+   limits, worst-case price, the Lua script, counter rebuilds from
+   PostgreSQL): once with a limit of 10 requests per minute, once with a
+   monthly budget that holds exactly 10 worst-case requests. Admitted must be
+   exactly 10 in both, and the budget's counter never above its limit.
+2. Cost. One process admits and settles requests one after another, limits
+   on (requests and tokens per minute, concurrency, the token quota and the
+   budget: every kind) against limits off (`ADMISSION_ENABLED=False`, the
+   same call returns at once), interleaved rounds, p50 and p99 per request,
+   on the in-process backend and on Redis.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/llm_admission REDIS_URL=redis://127.0.0.1:6379/7 \\
+        python benchmarks/admission.py [--processes 4 --requests 50 --rounds 5 --calls 400 --json]
+
+It makes its own tier and tenants ("bench-admission-<random>"), deletes them after, and uses
+its own Redis key prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_site.settings")
+os.environ.setdefault("SECRET_KEY", "benchmark-only-secret-key-not-for-serving")
+MODEL = "bench-admission-model"
+
+
+def _setup(prefix: str):
+    import django
+
+    os.environ["ADMISSION_KEY_PREFIX"] = prefix
+    django.setup()
+
+
+def _auth(tenant_id: int):
+    from tenants.models import Tenant
+    from tenants.services.api_keys import AuthContext
+
+    tenant = Tenant.objects.select_related("tier").get(pk=tenant_id)
+    return AuthContext(tenant=tenant, tier=tenant.tier, api_key=None)
+
+
+def _overshoot_worker(prefix: str, tenant_id: int, count: int, barrier, results) -> None:
+    _setup(prefix)
+    from billing.services.admission import aadmission_reserve
+    from common.errors import ApiError
+
+    auth = _auth(tenant_id)
+
+    async def one() -> bool:
+        try:
+            await aadmission_reserve(auth=auth, request_id=uuid.uuid4().hex, model=MODEL, prompt_tokens=100,
+                                     max_tokens=100)
+            return True
+        except ApiError as exc:
+            if exc.status_code != 429:
+                raise
+            return False
+
+    async def all_at_once() -> int:
+        return sum(await asyncio.gather(*(one() for _ in range(count))))
+
+    barrier.wait()
+    results.put(asyncio.run(all_at_once()))
+
+
+def overshoot(*, prefix: str, tenant_id: int, processes: int, requests: int) -> int:
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(processes), context.Queue()
+    shares = [requests // processes + (i < requests % processes) for i in range(processes)]
+    workers = [context.Process(target=_overshoot_worker, args=(prefix, tenant_id, share, barrier, results))
+               for share in shares]
+    for worker in workers:
+        worker.start()
+    admitted = sum(results.get(timeout=120) for _ in workers)
+    for worker in workers:
+        worker.join(30)
+    return admitted
+
+
+def cost(*, tenant_id: int, calls: int, rounds: int, backend_name: str) -> dict:
+    """p50/p99 microseconds of reserve + settle per request, limits on and off, interleaved."""
+    from django.conf import settings
+
+    from billing.admission import reset_admission_backend
+    from billing.admission.memory import MemoryAdmission
+    from billing.services.admission import aadmission_reserve, admission_settle_records
+    from billing.services.usage import usage_records_insert
+
+    reset_admission_backend(MemoryAdmission() if backend_name == "memory" else None)
+    auth = _auth(tenant_id)
+    samples: dict[str, list[float]] = {"on": [], "off": []}
+    settle_samples: list[float] = []
+    insert_samples: list[float] = []
+    admitted: list[str] = []
+
+    async def run(enabled: bool) -> None:
+        settings.ADMISSION_ENABLED = enabled
+        for _ in range(calls):
+            request_id = uuid.uuid4().hex
+            started = time.perf_counter()
+            await aadmission_reserve(auth=auth, request_id=request_id, model=MODEL, prompt_tokens=100, max_tokens=50)
+            samples["on" if enabled else "off"].append(time.perf_counter() - started)
+            if enabled:
+                admitted.append(request_id)
+
+    async def rounds_() -> None:
+        await run(True)  # warm: counters rebuilt, price snapshot loaded
+        samples["on"].clear()
+        for _ in range(rounds):
+            await run(False)
+            await run(True)
+
+    asyncio.run(rounds_())
+    settings.ADMISSION_ENABLED = True
+    for request_id in admitted:  # as the worker ends them: the record's insert, then the settlement
+        record = {"request_id": request_id, "tenant_id": tenant_id, "api_key_id": None, "model": MODEL,
+                  "tier": auth.tier.name, "prompt_tokens": 100, "cached_tokens": 0, "completion_tokens": 20,
+                  "finish_reason": "stop"}
+        started = time.perf_counter()
+        usage_records_insert([record])
+        insert_samples.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        admission_settle_records([record])
+        settle_samples.append(time.perf_counter() - started)
+
+    def pct(values: list[float], q: float) -> float:
+        return round(sorted(values)[min(len(values) - 1, int(q * len(values)))] * 1e6, 1)
+
+    return {
+        "backend": backend_name,
+        "reserve_on_p50_us": pct(samples["on"], 0.5), "reserve_on_p99_us": pct(samples["on"], 0.99),
+        "reserve_off_p50_us": pct(samples["off"], 0.5), "reserve_off_p99_us": pct(samples["off"], 0.99),
+        "added_p50_us": round(pct(samples["on"], 0.5) - pct(samples["off"], 0.5), 1),
+        "settle_p50_us": pct(settle_samples, 0.5), "settle_mean_us": round(statistics.mean(settle_samples) * 1e6, 1),
+        "record_insert_p50_us": pct(insert_samples, 0.5),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--calls", type=int, default=400, help="admissions per round in the cost measurement")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    prefix = f"bench-admission:{uuid.uuid4().hex[:8]}"
+    _setup(prefix)
+    from datetime import datetime, timezone
+
+    from django.conf import settings
+
+    from billing.admission import get_admission_backend
+    from billing.models import Price
+    from billing.services.admission_ledger import femtos_to_nanos
+    from tenants.models import Tenant, Tier
+
+    if not settings.REDIS_URL:
+        raise SystemExit("REDIS_URL is required: the overshoot runs across processes")
+    tag = uuid.uuid4().hex[:8]
+    tier = Tier.objects.create(name=f"bench-admission-{tag}", requests_per_minute=0, tokens_per_minute=0,
+                               max_concurrent_requests=0, monthly_token_quota=0, allowed_models=["*"])
+    price = Price.objects.create(model=MODEL, input_per_million="1", cached_input_per_million="0.5",
+                                 output_per_million="2", effective_from=datetime(2000, 1, 1, tzinfo=timezone.utc))
+    worst_nanos = femtos_to_nanos((100 * 1 + 100 * 2) * 10**6 * 1000)  # 100 prompt at $1/M + 100 output at $2/M
+    made = []
+
+    def tenant(**fields) -> int:
+        made.append(Tenant.objects.create(slug=f"bench-admission-{tag}-{len(made)}", name="admission benchmark",
+                                          tier=tier, **fields))
+        return made[-1].pk
+
+    try:
+        result = {
+            "rpm_10_admitted": overshoot(prefix=prefix, tenant_id=tenant(requests_per_minute=10),
+                                         processes=args.processes, requests=args.requests),
+        }
+        budget_tenant = tenant(monthly_spend_limit_micros=worst_nanos * 10 // 1000)
+        result["budget_10_admitted"] = overshoot(prefix=prefix, tenant_id=budget_tenant, processes=args.processes,
+                                                 requests=args.requests)
+        backend = get_admission_backend()
+        spent = [int(v) for k, v in ((k, backend.redis.get(k)) for k in backend.redis.scan_iter(
+            match=f"{backend.prefix}:q:t{budget_tenant}:*:spend")) if v is not None]
+        result["budget_spent_nanos"], result["budget_limit_nanos"] = sum(spent), worst_nanos * 10
+        everything = tenant(requests_per_minute=10**6, tokens_per_minute=10**9, max_concurrent_requests=10**4,
+                            monthly_token_quota=10**12, monthly_spend_limit_micros=10**9)
+        result["cost"] = [cost(tenant_id=everything, calls=args.calls, rounds=args.rounds, backend_name=name)
+                          for name in ("memory", "redis")]
+        result["processes"], result["requests"] = args.processes, args.requests
+    finally:
+        from billing.admission import reset_admission_backend
+
+        reset_admission_backend()
+        get_admission_backend().flush()
+        from billing.models import UsageRecord
+
+        UsageRecord.objects.filter(tenant__in=made).delete()
+        Tenant.objects.filter(pk__in=[t.pk for t in made]).delete()
+        price.delete()
+        tier.delete()
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{args.requests} concurrent requests from {args.processes} processes:")
+    print(f"  10 requests per minute: {result['rpm_10_admitted']} admitted")
+    print(f"  budget for 10 worst cases: {result['budget_10_admitted']} admitted, counter "
+          f"{result['budget_spent_nanos']} of {result['budget_limit_nanos']} nano-USD")
+    for row in result["cost"]:
+        print(f"  {row['backend']:6}: reserve p50 {row['reserve_on_p50_us']} us on, {row['reserve_off_p50_us']} us off "
+              f"(+{row['added_p50_us']} us; p99 {row['reserve_on_p99_us']} vs {row['reserve_off_p99_us']}); "
+              f"settle p50 {row['settle_p50_us']} us (the record's insert before it: {row['record_insert_p50_us']} us)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The Redis admission backend: every web process and worker shares its counters.
+
+One script call per admission (`ADMIT`: every check and every take, one round
+trip) and per settlement; a worker settles a step's requests in one pipeline.
+Redis errors become `AdmissionUnavailable`: the caller refuses the request
+(fail closed), it never admits one unchecked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+
+import redis
+import redis.asyncio
+
+from . import redis_scripts as lua
+from .base import Actual, AdmissionBackend, AdmissionUnavailable, BucketState, CounterAfter, Decision, Plan, Refusal
+
+
+def _plan_args(prefix: str, plan: Plan) -> list:
+    args: list = [prefix, plan.request_id, plan.hold_s, len(plan.buckets), len(plan.slots), len(plan.counters)]
+    for b in plan.buckets:
+        args += [b.key, b.kind, b.limit, b.cost, b.window_s]
+    for s in plan.slots:
+        args += [s.key, s.limit]
+    for c in plan.counters:
+        args += [c.key, c.kind, c.limit, c.amount]
+    return args
+
+
+def _decision(plan: Plan, reply: list) -> Decision:
+    status = int(reply[0])
+    if status == -1:
+        raise ValueError(f"request {plan.request_id!r} already holds a reservation")
+    if status == 2:
+        return Decision(admitted=False, missing=[str(key) for key in reply[1:]])
+    if status == 0:
+        kind, key, limit, used, requested, retry = reply[1:7]
+        return Decision(admitted=False, refusal=Refusal(
+            kind=str(kind), key=str(key), limit=int(limit), used=int(used), requested=int(requested),
+            retry_after_s=float(retry)))
+    states = []
+    for index, bucket in enumerate(plan.buckets):
+        remaining, reset = reply[1 + 2 * index], reply[2 + 2 * index]
+        states.append(BucketState(key=bucket.key, kind=bucket.kind, limit=bucket.limit, remaining=int(remaining),
+                                  reset_s=float(reset)))
+    return Decision(admitted=True, buckets=states)
+
+
+def _settled(reply: list) -> list[CounterAfter] | None:
+    if int(reply[0]) == 0:
+        return None
+    items = reply[1:]
+    return [CounterAfter(key=str(items[i]), kind=str(items[i + 1]), value=int(items[i + 2]), limit=int(items[i + 3]))
+            for i in range(0, len(items), 4)]
+
+
+class RedisAdmission(AdmissionBackend):
+    def __init__(self, *, url: str, prefix: str = "lim", client: redis.Redis | None = None) -> None:
+        self.url = url
+        self.redis = client or redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
+                                                    socket_timeout=5, socket_connect_timeout=2)
+        self.prefix = prefix if prefix.startswith("{") else "{" + prefix + "}"
+        self._scripts = {name: self.redis.register_script(getattr(lua, name))
+                         for name in ("ADMIT", "SETTLE", "STALE", "SEED")}
+        # redis.asyncio clients belong to the event loop that made them
+        self._async: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _call(self, name: str, *args):
+        try:
+            return self._scripts[name](keys=[], args=[self.prefix, *args])
+        except redis.RedisError as exc:
+            raise AdmissionUnavailable(str(exc)) from exc
+
+    def _async_script(self):
+        loop = asyncio.get_running_loop()
+        script = self._async.get(loop)
+        if script is None:
+            client = redis.asyncio.Redis.from_url(self.url, decode_responses=True, socket_timeout=5,
+                                                  socket_connect_timeout=2)
+            script = self._async[loop] = client.register_script(lua.ADMIT)
+        return script
+
+    def admit(self, plan: Plan) -> Decision:
+        return _decision(plan, self._call("ADMIT", *_plan_args(self.prefix, plan)[1:]))
+
+    async def aadmit(self, plan: Plan) -> Decision:
+        try:
+            reply = await self._async_script()(keys=[], args=_plan_args(self.prefix, plan))
+        except redis.RedisError as exc:
+            raise AdmissionUnavailable(str(exc)) from exc
+        return _decision(plan, reply)
+
+    def settle(self, request_id: str, actual: Actual) -> list[CounterAfter] | None:
+        return _settled(self._call("SETTLE", request_id, actual.tokens, actual.quota, actual.spend))
+
+    def settle_many(self, items: list[tuple[str, Actual]]) -> list[list[CounterAfter] | None]:
+        if len(items) < 2:
+            return [self.settle(rid, actual) for rid, actual in items]
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for rid, actual in items:
+                self._scripts["SETTLE"](keys=[], args=[self.prefix, rid, actual.tokens, actual.quota, actual.spend],
+                                        client=pipe)
+            return [_settled(reply) for reply in pipe.execute()]
+        except redis.RedisError as exc:
+            raise AdmissionUnavailable(str(exc)) from exc
+
+    def open_reserved(self, key: str) -> int:
+        try:
+            return sum(int(v) for v in self.redis.hvals(key + ":open"))
+        except redis.RedisError as exc:
+            raise AdmissionUnavailable(str(exc)) from exc
+
+    def counter_seed(self, key: str, value: int, ttl_s: int) -> bool:
+        return bool(self._call("SEED", key, int(value), max(1, int(ttl_s))))
+
+    def counter_get(self, key: str) -> int | None:
+        try:
+            value = self.redis.get(key)
+        except redis.RedisError as exc:
+            raise AdmissionUnavailable(str(exc)) from exc
+        return None if value is None else int(value)
+
+    def stale_reservations(self) -> list[str]:
+        return [str(rid) for rid in self._call("STALE")]
+
+    def alert_mark(self, key: str, ttl_s: int) -> bool:
+        try:
+            return bool(self.redis.set(key, "1", nx=True, ex=max(1, int(ttl_s))))
+        except redis.RedisError as exc:
+            raise AdmissionUnavailable(str(exc)) from exc
+
+    def flush(self) -> None:
+        keys = list(self.redis.scan_iter(match=self.prefix + ":*", count=1000))
+        if keys:
+            self.redis.delete(*keys)

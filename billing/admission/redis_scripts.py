@@ -1,0 +1,146 @@
+"""Lua scripts of the Redis admission backend. Each runs atomically inside Redis, on Redis's clock.
+
+ARGV[1] of every script is the key prefix P (a hash tag such as "{lim}", so
+every key shares one slot). The keys a plan names are built by the caller
+under P (billing.services.admission):
+
+  bucket key        string  the GCRA theoretical arrival time, unix seconds (expires when full)
+  slot key          zset    request id -> expiry of its concurrency slot
+  counter key       string  the period's settled usage + open reservations (integer)
+  counter key:open  hash    request id -> amount it reserved on that counter
+  P:res:RID         string  the reservation of request RID (JSON: what to give back at settlement)
+  P:resdl           zset    request id -> deadline (admission + hold_s), for the stale sweep
+  alert keys        string  set once per threshold and period (SET NX)
+
+Numbers are Lua doubles: times in seconds keep microseconds at today's epoch,
+and counters stay below 2^53 (spend is in nano-dollars: 9 million USD).
+Floats go back to Python as strings (Redis truncates Lua numbers to integers).
+"""
+
+# ARGV: P, rid, hold_s, nb, ns, nc,
+#   nb x (key, kind, limit, cost, window_s), ns x (key, limit), nc x (key, kind, limit, amount)
+# -> {-1} duplicate | {2, missing counter keys...} | {0, kind, key, limit, used, requested, retry_s}
+#    | {1, remaining_1, reset_s_1, ...} per bucket
+ADMIT = r"""
+local P, rid, hold = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local nb, ns, nc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local res_key = P..':res:'..rid
+if redis.call('EXISTS', res_key) == 1 then return {-1} end
+local i = 7
+local buckets, slots, counters = {}, {}, {}
+for _ = 1, nb do
+  buckets[#buckets + 1] = {ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])}
+  i = i + 5
+end
+for _ = 1, ns do slots[#slots + 1] = {ARGV[i], tonumber(ARGV[i + 1])}; i = i + 2 end
+for _ = 1, nc do
+  counters[#counters + 1] = {ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])}
+  i = i + 4
+end
+-- checks first (nothing taken until all pass)
+local missing, values = {2}, {}
+for k, c in ipairs(counters) do
+  local v = redis.call('GET', c[1])
+  if not v then missing[#missing + 1] = c[1] else values[k] = tonumber(v) end
+end
+if #missing > 1 then return missing end
+for k, c in ipairs(counters) do
+  if values[k] + c[4] > c[3] then return {0, c[2], c[1], c[3], values[k], c[4], '0'} end
+end
+for _, s in ipairs(slots) do
+  redis.call('ZREMRANGEBYSCORE', s[1], '-inf', now)
+  local held = redis.call('ZCARD', s[1])
+  if held >= s[2] then return {0, 'concurrency', s[1], s[2], held, 1, '1'} end
+end
+local tats = {}
+for k, b in ipairs(buckets) do
+  local interval = b[5] / b[3]
+  local base = math.max(tonumber(redis.call('GET', b[1]) or '0'), now)
+  local tat = base + b[4] * interval
+  local wait = tat - now - b[5]
+  if wait > 0 then
+    local used = math.ceil((base - now) / interval - 1e-3)
+    if b[4] > b[3] then wait = 0 end
+    return {0, b[2], b[1], b[3], used, b[4], string.format('%.6f', wait)}
+  end
+  tats[k] = tat
+end
+-- take them all
+local out = {1}
+local res = {b = {}, s = {}, c = {}}
+for k, b in ipairs(buckets) do
+  local interval = b[5] / b[3]
+  local tat = tats[k]
+  redis.call('SET', b[1], string.format('%.6f', tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
+  out[#out + 1] = math.max(0, math.floor((b[5] - (tat - now)) / interval + 1e-3))
+  out[#out + 1] = string.format('%.6f', tat - now)
+  res.b[#res.b + 1] = {b[1], b[2], interval, b[4]}
+end
+for _, s in ipairs(slots) do
+  redis.call('ZADD', s[1], now + hold, rid)
+  redis.call('EXPIRE', s[1], math.ceil(hold) + 60)
+  res.s[#res.s + 1] = s[1]
+end
+for _, c in ipairs(counters) do
+  redis.call('INCRBY', c[1], c[4])
+  redis.call('HSET', c[1]..':open', rid, c[4])
+  local ttl = redis.call('TTL', c[1])
+  if ttl > 0 then redis.call('EXPIRE', c[1]..':open', ttl) end
+  res.c[#res.c + 1] = {c[1], c[2], c[4], c[3]}
+end
+redis.call('SET', res_key, cjson.encode(res), 'EX', math.ceil(hold) * 4 + 86400)
+redis.call('ZADD', P..':resdl', now + hold, rid)
+return out
+"""
+
+# ARGV: P, rid, tokens, quota, spend -> {0} nothing to settle | {1, key, kind, value, limit, ...}
+SETTLE = r"""
+local P, rid = ARGV[1], ARGV[2]
+local actual = {tokens = tonumber(ARGV[3]), quota = tonumber(ARGV[4]), spend = tonumber(ARGV[5])}
+local res_key = P..':res:'..rid
+local raw = redis.call('GET', res_key)
+redis.call('ZREM', P..':resdl', rid)
+if not raw then return {0} end
+redis.call('DEL', res_key)
+local res = cjson.decode(raw)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+for _, b in ipairs(res.b) do
+  if b[2] == 'tokens' then
+    local refund = b[4] - actual.tokens
+    local tat = redis.call('GET', b[1])
+    if refund > 0 and tat then
+      local back = math.max(now, tonumber(tat) - refund * b[3])
+      local ttl = redis.call('PTTL', b[1])
+      redis.call('SET', b[1], string.format('%.6f', back), 'PX', math.max(1, ttl))
+    end
+  end
+end
+for _, key in ipairs(res.s) do redis.call('ZREM', key, rid) end
+local out = {1}
+for _, c in ipairs(res.c) do
+  redis.call('HDEL', c[1]..':open', rid)
+  if redis.call('EXISTS', c[1]) == 1 then
+    local value = redis.call('INCRBY', c[1], (actual[c[2]] or 0) - c[3])
+    out[#out + 1] = c[1]; out[#out + 1] = c[2]; out[#out + 1] = value; out[#out + 1] = c[4]
+  end
+end
+return out
+"""
+
+# ARGV: P -> request ids whose reservation passed its deadline
+STALE = r"""
+local t = redis.call('TIME')
+return redis.call('ZRANGEBYSCORE', ARGV[1]..':resdl', '-inf', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+"""
+
+# ARGV: P, key, value, ttl_s -> 1 seeded | 0 it existed
+SEED = r"""
+if redis.call('SET', ARGV[2], ARGV[3], 'NX', 'EX', ARGV[4]) then
+  redis.call('EXPIRE', ARGV[2]..':open', ARGV[4])
+  return 1
+end
+return 0
+"""

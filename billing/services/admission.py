@@ -1,0 +1,250 @@
+"""Admission: what the web calls before it queues a request, and what the worker calls when it ends.
+
+`aadmission_reserve` builds the request's plan (every limit that applies:
+tenants.services.limits) and reserves it in one backend call, one Redis round
+trip: requests and tokens per minute (tokens: the prompt plus `max_tokens`),
+a concurrency slot, the period's token quota and budget (the worst-case cost:
+every prompt token at the uncached input price plus `max_tokens` at the
+output price, tier multiplier included). It returns the `x-ratelimit-*`
+headers, or raises the OpenAI-shaped refusal: 429 `rate_limit_exceeded` with
+`Retry-After`, 429 `insufficient_quota` (which quota, and when the period
+ends), or 503 `limits_unavailable` when the counters cannot be reached:
+nothing is admitted unchecked (fail closed).
+
+`admission_settle_records` (the worker, right after it writes the usage
+records, the reaper through the same path) settles each request's
+reservation to what it used; `admission_release` gives back a reservation
+whose request never reached a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from datetime import timezone as dt_timezone
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from billing.admission import AdmissionUnavailable, get_admission_backend
+from billing.admission.base import QUOTA, REQUESTS, SPEND, TOKENS, Actual, Bucket, Counter, Plan, Slot
+from billing.admission.headers import quota_message, rate_message, ratelimit_headers, retry_after_headers
+from billing.periods import Period, month_containing
+from tenants.services.limits import ScopeLimits, key_limits, tenant_limits
+from common.errors import InsufficientQuota, RateLimited, ServiceUnavailable
+
+logger = logging.getLogger(__name__)
+
+COUNTER_MARGIN_S = 7 * 86400  # a period's counters outlive it: late settlements still find them
+MAX_REBUILDS = 3
+
+
+@dataclass(slots=True)
+class Admission:
+    request_id: str
+    reserved: bool = False  # holds a reservation the worker settles
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- periods
+_periods: dict[str, Period] = {}  # time zone -> its current month (until its end)
+
+
+def period_current(*, tz: str) -> Period:
+    """The tenant's current month (billing.periods), computed once per zone and month."""
+    now = datetime.now(dt_timezone.utc)
+    period = _periods.get(tz)
+    if period is None or not period.contains(now):
+        period = _periods[tz] = month_containing(instant=now, tz=tz)
+    return period
+
+
+# ---------------------------------------------------------------- the plan
+def _worst_case_nanos(*, model: str, tier: str, prompt_tokens: int, max_tokens: int, snapshot) -> int:
+    from billing.money import cost_compute
+    from billing.services.admission_ledger import femtos_to_nanos
+
+    terms = snapshot.terms_at(model, datetime.now(dt_timezone.utc))
+    cost = cost_compute(terms=terms, multiplier_milli=snapshot.multiplier_milli(tier), prompt_tokens=prompt_tokens,
+                        cached_tokens=0, completion_tokens=max_tokens)
+    return femtos_to_nanos(cost.total)
+
+
+def plan_build(*, backend, request_id: str, scopes: list[ScopeLimits], prompt_tokens: int, max_tokens: int,
+               period: Period, spend_nanos: int | None, now: datetime | None = None) -> Plan:
+    """Every limit of `scopes` that is set (non-zero), in one plan."""
+    now = now or datetime.now(dt_timezone.utc)
+    tokens = prompt_tokens + max_tokens
+    ttl = max(1, int((period.end - now).total_seconds()) + COUNTER_MARGIN_S)
+    buckets, slots, counters = [], [], []
+    for limits in scopes:
+        if limits.requests_per_minute:
+            buckets.append(Bucket(backend.key("rb", limits.scope, REQUESTS), REQUESTS, limits.requests_per_minute, 1))
+        if limits.tokens_per_minute:
+            buckets.append(Bucket(backend.key("rb", limits.scope, TOKENS), TOKENS, limits.tokens_per_minute, tokens))
+        if limits.max_concurrent_requests:
+            slots.append(Slot(backend.key("cc", limits.scope), limits.max_concurrent_requests))
+        if limits.monthly_token_quota:
+            counters.append(Counter(backend.key("q", limits.scope, period.label, QUOTA), QUOTA,
+                                    limits.monthly_token_quota, tokens, ttl))
+        if limits.monthly_spend_limit_micros and spend_nanos is not None:
+            counters.append(Counter(backend.key("q", limits.scope, period.label, SPEND), SPEND,
+                                    limits.monthly_spend_limit_micros * 1000, spend_nanos, ttl))
+    return Plan(request_id=request_id, buckets=tuple(buckets), slots=tuple(slots), counters=tuple(counters),
+                hold_s=settings.ADMISSION_HOLD_S)
+
+
+async def _pricing_snapshot():
+    """The process's price snapshot; only a reload (once per PRICE_CACHE_TTL_S) leaves the event loop."""
+    from billing.services import price_cache
+
+    cached = price_cache._cached
+    if cached is not None and time.monotonic() < cached[0]:
+        return cached[1]
+    return await sync_to_async(price_cache.pricing_snapshot)()
+
+
+# ---------------------------------------------------------------- web side
+def _unavailable(exc: Exception) -> ServiceUnavailable:
+    logger.error("admission counters unreachable: %s", exc)
+    return ServiceUnavailable(
+        "Rate limits and budgets cannot be checked right now, so no request is admitted. Please retry shortly.",
+        code="limits_unavailable", headers={"Retry-After": "5"},
+    )
+
+
+# where a refused key names its scope: P:rb:SCOPE:kind, P:cc:SCOPE, P:q:SCOPE:period:kind
+_SCOPE_AT = {
+    REQUESTS: lambda key: key.split(":")[-2], TOKENS: lambda key: key.split(":")[-2],
+    "concurrency": lambda key: key.split(":")[-1],
+    QUOTA: lambda key: key.split(":")[-3], SPEND: lambda key: key.split(":")[-3],
+}
+
+
+def _scope_label(scope: str, *, tenant, api_key) -> str:
+    if scope.startswith("k") and api_key is not None:
+        return f"API key {api_key.redacted}"
+    return f"tenant {tenant.slug}"
+
+
+async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens: int, max_tokens: int) -> Admission:
+    """Reserve every limit of the request at once, or raise its refusal (see the module docstring)."""
+    if not settings.ADMISSION_ENABLED:
+        return Admission(request_id=request_id)
+    tenant, api_key = auth.tenant, auth.api_key
+    scopes = [tenant_limits(tenant=tenant, tier=auth.tier)]
+    own = key_limits(api_key=api_key)
+    if own is not None:
+        scopes.append(own)
+    spend_nanos = None
+    if any(limits.monthly_spend_limit_micros for limits in scopes):
+        spend_nanos = _worst_case_nanos(model=model, tier=auth.tier.name, prompt_tokens=prompt_tokens,
+                                        max_tokens=max_tokens, snapshot=await _pricing_snapshot())
+    backend = get_admission_backend()
+    period = period_current(tz=tenant.timezone or "UTC")
+    plan = plan_build(backend=backend, request_id=request_id, scopes=scopes, prompt_tokens=prompt_tokens,
+                      max_tokens=max_tokens, period=period, spend_nanos=spend_nanos)
+    if plan.empty:
+        return Admission(request_id=request_id)
+    try:
+        for _ in range(MAX_REBUILDS):
+            decision = await backend.aadmit(plan)
+            if not decision.missing:
+                break
+            # on the thread the API's other ORM calls share (inference.api.asgi)
+            await sync_to_async(_counters_rebuild)(backend=backend, keys=decision.missing, plan=plan, period=period)
+        else:
+            raise AdmissionUnavailable(f"counters {decision.missing} missing after {MAX_REBUILDS} rebuilds")
+    except AdmissionUnavailable as exc:
+        raise _unavailable(exc) from exc
+    if decision.admitted:
+        return Admission(request_id=request_id, reserved=True, headers=ratelimit_headers(decision.buckets))
+    refusal = decision.refusal
+    label = _scope_label(_SCOPE_AT[refusal.kind](refusal.key), tenant=tenant, api_key=api_key)
+    if refusal.kind in (QUOTA, SPEND):
+        end = period.end.astimezone(_zone(period.tz)).isoformat()
+        wait = (period.end - datetime.now(dt_timezone.utc)).total_seconds()
+        raise InsufficientQuota(quota_message(refusal=refusal, scope_label=label, period_label=period.label,
+                                              period_end=end), headers=retry_after_headers(wait))
+    raise RateLimited(rate_message(refusal=refusal, model=model, scope_label=label),
+                      headers=retry_after_headers(refusal.retry_after_s or 1.0))
+
+
+def _zone(tz: str):
+    import zoneinfo
+
+    return zoneinfo.ZoneInfo(tz)
+
+
+def _counters_rebuild(*, backend, keys: list[str], plan: Plan, period: Period) -> None:
+    from billing.services.admission_ledger import counter_rebuild
+
+    ttls = {counter.key: counter.ttl_s for counter in plan.counters}
+    for key in keys:
+        counter_rebuild(backend=backend, key=key, start=period.start, end=period.end, ttl_s=ttls[key])
+
+
+async def aadmission_release(*, admission: Admission | None) -> None:
+    """Give back everything a request reserved that never reached a worker (nothing was used)."""
+    if admission is None or not admission.reserved:
+        return
+    admission.reserved = False
+    try:
+        await get_admission_backend().asettle(admission.request_id, Actual())
+    except AdmissionUnavailable:
+        logger.warning("could not release the reservation of %s; the stale sweep will", admission.request_id)
+
+
+# ---------------------------------------------------------------- worker side
+def admission_settle_records(records: list[dict]) -> None:
+    """Settle the reservations of finished requests (usage-record fields) to what each used. Never raises."""
+    if not records or not settings.ADMISSION_ENABLED:
+        return
+    from billing.services.admission_ledger import budget_alerts_check, record_actual
+    from billing.services.price_cache import pricing_snapshot
+
+    backend = get_admission_backend()
+    try:
+        snapshot = pricing_snapshot()
+        items = [(record["request_id"], record_actual(record, snapshot)) for record in records]
+        results = backend.settle_many(items)
+        after = [counter for result in results if result for counter in result]
+        if after:
+            due = budget_alerts_check(backend=backend, after=after, percents=settings.BUDGET_ALERT_PERCENTS,
+                                      ttl_s=40 * 86400)
+            for scope, period, percent, used, limit in due:
+                _alert_enqueue(scope=scope, period=period, percent=percent, used=used, limit=limit)
+    except Exception:  # noqa: BLE001 - the stale sweep settles what this could not
+        logger.exception("could not settle the reservations of %s", [r.get("request_id") for r in records])
+
+
+def _alert_enqueue(**alert) -> None:
+    from billing.tasks import send_budget_alert
+
+    try:
+        send_budget_alert.delay(**alert)
+    except Exception:  # noqa: BLE001 - an alert must never cost a settlement
+        logger.exception("could not queue the budget alert %s", alert)
+
+
+def reservations_release_stale() -> int:
+    """Settle reservations older than the longest request: to their usage record if one exists, else to nothing."""
+    from billing.models import UsageRecord
+
+    backend = get_admission_backend()
+    stale = backend.stale_reservations()
+    if not stale:
+        return 0
+    records = {r["request_id"]: r for r in UsageRecord.objects.filter(request_id__in=stale).values(
+        "request_id", "model", "tier", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason",
+        "admitted_at")}
+    settled = [records.get(rid, {"request_id": rid}) for rid in stale]
+    found = [r for r in settled if "model" in r]
+    admission_settle_records(found)
+    for rid in stale:
+        if rid not in records:
+            backend.settle(rid, Actual())
+    logger.warning("released %d stale reservations (%d had a usage record)", len(stale), len(found))
+    return len(stale)

@@ -1,0 +1,143 @@
+"""The ledger behind the period counters: rebuilding them, what a finished request used, budget alerts.
+
+Redis (or the in-process backend) is a cache of the ledger, never the truth.
+A missing counter is rebuilt before anything is admitted on it: the period's
+usage records (PostgreSQL) plus the reservations still open on it. The open
+reservations are read first, then the ledger: a request settling in between
+is then counted twice (its reservation and its record), never zero times,
+until the counter is next rebuilt, so a rebuild can only err on the safe side.
+A Redis flush also loses the open reservations of requests in flight: their
+records count from the next rebuild on (each period's counter expires a week
+after the period ends), so a flush forgets at most what was in flight.
+
+Units match the admission plan: quota counters hold tokens (prompt plus
+completion of every charged request), spend counters nano-dollars, each
+request's cost rounded up to a whole nano-dollar (so the counter is never
+below the ledger).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import F, Q, Sum
+
+from billing.admission.base import QUOTA, SPEND, Actual, CounterAfter
+from billing.services.costs import is_charged, usage_cost
+
+logger = logging.getLogger(__name__)
+
+FEMTOS_PER_NANO = 1_000_000
+
+
+def femtos_to_nanos(femtos: int) -> int:
+    return -(-int(femtos) // FEMTOS_PER_NANO)
+
+
+@dataclass(frozen=True, slots=True)
+class CounterRef:
+    """What a counter key names: its scope (tenant or key), period and kind."""
+
+    scope: str  # "t<tenant id>" or "k<api key id>"
+    period: str  # "YYYY-MM" in the tenant's zone
+    kind: str
+
+    @classmethod
+    def parse(cls, key: str) -> "CounterRef":
+        *_, scope, period, kind = key.split(":")
+        return cls(scope=scope, period=period, kind=kind)
+
+
+def ledger_total(*, scope: str, kind: str, start: datetime, end: datetime) -> int:
+    """The period's settled usage of one scope from the usage records (tokens, or nano-dollars)."""
+    from billing.models import UsageRecord
+
+    records = UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
+    if scope.startswith("t"):
+        records = records.filter(tenant_id=int(scope[1:]))
+    else:
+        records = records.filter(api_key_id=int(scope[1:]))
+    if kind == QUOTA:
+        charged = records.exclude(Q(finish_reason="error") & Q(completion_tokens=0))
+        total = charged.aggregate(total=Sum(F("prompt_tokens") + F("completion_tokens")))["total"]
+    elif kind == SPEND:
+        total = records.filter(cost_femtos__gt=0).aggregate(
+            total=Sum((F("cost_femtos") + (FEMTOS_PER_NANO - 1)) / FEMTOS_PER_NANO))["total"]
+    else:
+        raise ValueError(kind)
+    return int(total or 0)
+
+
+def counter_rebuild(*, backend, key: str, start: datetime, end: datetime, ttl_s: int) -> bool:
+    """Seed a missing counter from the ledger plus its open reservations (False: another process did)."""
+    ref = CounterRef.parse(key)
+    reserved = backend.open_reserved(key)  # first: see the module's docstring
+    value = ledger_total(scope=ref.scope, kind=ref.kind, start=start, end=end) + reserved
+    seeded = backend.counter_seed(key, value, ttl_s)
+    if seeded:
+        logger.info("admission counter %s rebuilt from the ledger: %d (%d reserved)", key, value, reserved)
+    return seeded
+
+
+def record_actual(record: dict, snapshot=None) -> Actual:
+    """What a usage record (its `usage_record_fields` arguments) used, in each kind's unit."""
+    from billing.services.costs import instant
+
+    prompt, cached = int(record.get("prompt_tokens") or 0), int(record.get("cached_tokens") or 0)
+    completion, reason = int(record.get("completion_tokens") or 0), record["finish_reason"]
+    cached = min(max(0, cached), prompt)
+    charged = is_charged(finish_reason=reason, completion_tokens=completion)
+    _, _, cost = usage_cost(
+        model=record["model"], tier=record["tier"], admitted_at=instant(record.get("admitted_at")),
+        prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, finish_reason=reason,
+        snapshot=snapshot,
+    )
+    return Actual(tokens=prompt - cached + completion, quota=prompt + completion if charged else 0,
+                  spend=femtos_to_nanos(cost.total))
+
+
+def budget_alerts_check(*, backend, after: list[CounterAfter], percents: list[int], ttl_s: int) -> list[tuple]:
+    """Mark each budget threshold a settlement crossed, once per period; (scope, period, percent) to e-mail."""
+    due = []
+    for counter in after:
+        if counter.kind != SPEND or counter.limit <= 0:
+            continue
+        used_percent = counter.value * 100 / counter.limit
+        crossed = [p for p in sorted(percents) if used_percent >= p]
+        newly = [p for p in crossed if backend.alert_mark(f"{counter.key}:alert:{p}", ttl_s)]
+        if newly:
+            ref = CounterRef.parse(counter.key)
+            due.append((ref.scope, ref.period, max(newly), counter.value, counter.limit))
+    return due
+
+
+def budget_alert_send(*, scope: str, period: str, percent: int, used_nanos: int, limit_nanos: int) -> int:
+    """E-mail the owners of the tenant (of the key) that `percent` of the budget is used; how many were sent."""
+    from django.conf import settings
+    from django.core.mail import send_mail
+
+    from billing.admission.headers import nanos_usd
+    from tenants.models import ApiKey, Membership, Tenant
+
+    if scope.startswith("k"):
+        key = ApiKey.objects.select_related("tenant").filter(pk=int(scope[1:])).first()
+        if key is None:
+            return 0
+        tenant, what = key.tenant, f"the API key {key.name} ({key.redacted}) of {key.tenant.name}"
+    else:
+        tenant = Tenant.objects.filter(pk=int(scope[1:])).first()
+        if tenant is None:
+            return 0
+        what = tenant.name
+    owners = list(Membership.objects.filter(tenant=tenant, role=Membership.Role.OWNER)
+                  .exclude(user__email="").values_list("user__email", flat=True))
+    if not owners:
+        return 0
+    subject = f"Budget alert: {what} has used {percent}% of its {period} budget"
+    body = (f"{what} has used ${nanos_usd(used_nanos)} of its monthly budget of ${nanos_usd(limit_nanos)} for {period} "
+            f"(in flight requests counted at their worst case).\n")
+    if percent >= 100:
+        body += "New requests are refused with insufficient_quota until the period ends or the budget is raised.\n"
+    return send_mail(subject, body, getattr(settings, "DEFAULT_FROM_EMAIL", None), owners)

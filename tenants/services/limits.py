@@ -1,0 +1,127 @@
+"""Which limits apply to a request: the tier's defaults, the tenant's overrides, the key's own ceilings.
+
+A tenant's limit is its override when set, else its tier's; 0 means no limit.
+A key's limits (empty unless set) apply on top of its tenant's, so a key per
+application can have a lower ceiling than the tenant; the stricter wins.
+The tenant's monthly budget is `Tenant.monthly_spend_limit_micros`; a key may
+have its own (`ApiKey.monthly_spend_limit_micros`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "monthly_token_quota",
+                "monthly_spend_limit_micros")
+TIER_FIELDS = LIMIT_FIELDS[:4]  # the tier has no budget: a budget is the tenant's
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeLimits:
+    """One scope's limits (a tenant or a key); 0 = none."""
+
+    scope: str  # "t<tenant id>" or "k<key id>"
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+    max_concurrent_requests: int = 0
+    monthly_token_quota: int = 0
+    monthly_spend_limit_micros: int = 0
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, name) for name in LIMIT_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSource:
+    """One limit of a tenant or key as the admin shows it: the values and which one applies."""
+
+    name: str
+    tier: int | None
+    override: int | None
+    effective: int
+    source: str  # "tier", "tenant", "key" or "none"
+
+
+def tenant_limits(*, tenant, tier) -> ScopeLimits:
+    values = {}
+    for name in TIER_FIELDS:
+        override = getattr(tenant, name, None)
+        values[name] = int(override if override is not None else getattr(tier, name) or 0)
+    return ScopeLimits(scope=f"t{tenant.pk}", monthly_spend_limit_micros=int(tenant.monthly_spend_limit_micros or 0),
+                       **values)
+
+
+def key_limits(*, api_key) -> ScopeLimits | None:
+    """The key's own ceilings, or None when it has none (only its tenant's apply)."""
+    if api_key is None or getattr(api_key, "pk", None) is None:
+        return None
+    values = {name: int(getattr(api_key, name, None) or 0) for name in LIMIT_FIELDS}
+    limits = ScopeLimits(scope=f"k{api_key.pk}", **values)
+    return limits if limits.any else None
+
+
+def limits_explain(*, tenant, api_key=None) -> list[LimitSource]:
+    """Every limit of `tenant` (and `api_key`): tier value, override, the effective one and where it comes from."""
+    tier = tenant.tier
+    rows = []
+    for name in LIMIT_FIELDS:
+        tier_value = getattr(tier, name, None) if name in TIER_FIELDS else None
+        override = getattr(tenant, name, None) if name in TIER_FIELDS else (tenant.monthly_spend_limit_micros or None)
+        tenant_value = int(override if override is not None else tier_value or 0)
+        source = "tenant" if override is not None else ("tier" if tier_value else "none")
+        key_value = getattr(api_key, name, None) if api_key is not None else None
+        effective = tenant_value
+        if key_value is not None and key_value > 0 and (tenant_value == 0 or key_value < tenant_value):
+            effective, source = int(key_value), "key"
+        rows.append(LimitSource(name=name, tier=tier_value, override=key_value if api_key is not None else override,
+                                effective=effective, source=source if effective else "none"))
+    return rows
+
+
+# Command-line and admin names of the limits -> field names.
+LIMIT_OPTIONS = {
+    "rpm": "requests_per_minute",
+    "tpm": "tokens_per_minute",
+    "max-concurrent": "max_concurrent_requests",
+    "monthly-token-quota": "monthly_token_quota",
+    "monthly-budget-usd": "monthly_spend_limit_micros",
+}
+
+
+def usd_to_micros(value) -> int:
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        micros = Decimal(str(value)) * 1_000_000
+    except InvalidOperation as exc:
+        raise ValueError(f"a budget in USD, e.g. 25 or 12.50, not {value!r}") from exc
+    if micros < 0 or micros != micros.to_integral_value():
+        raise ValueError(f"a budget in USD >= 0 with at most 6 decimal places, not {value!r}")
+    return int(micros)
+
+
+def limits_set(*, tenant, api_key=None, values: dict[str, int], clear: list[str] = ()) -> list[LimitSource]:
+    """Set (or clear) limit overrides of a tenant, or of one of its keys; the effective limits after.
+
+    `values` maps field names (LIMIT_FIELDS) to integers >= 0 (0: no limit;
+    budgets in micro-dollars). Clearing a tenant's override falls back to its
+    tier (its budget to none); clearing a key's leaves only its tenant's.
+    The auth cache drops the row on save, so the next request sees the change.
+    """
+    target = api_key if api_key is not None else tenant
+    for name in clear:
+        if name not in LIMIT_FIELDS:
+            raise ValueError(f"unknown limit {name!r}; one of {', '.join(LIMIT_OPTIONS)}")
+        if name in values:
+            raise ValueError(f"{name} is both set and cleared")
+        setattr(target, name, 0 if (target is tenant and name == "monthly_spend_limit_micros") else None)
+    for name, value in values.items():
+        if name not in LIMIT_FIELDS:
+            raise ValueError(f"unknown limit {name!r}")
+        if value is None or int(value) < 0:
+            raise ValueError(f"{name} is a whole number >= 0 (0: no limit)")
+        setattr(target, name, int(value))
+    target.full_clean()
+    target.save()
+    return limits_explain(tenant=tenant, api_key=api_key)

@@ -1,0 +1,62 @@
+"""The service on the Redis backend: a FLUSHDB mid-month forgets no spend (rebuilt from the ledger),
+and an unreachable Redis admits nothing."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from billing.admission import reset_admission_backend
+from billing.admission.redis_backend import RedisAdmission
+from billing.services.admission import aadmission_reserve, admission_settle_records
+from common.errors import InsufficientQuota, ServiceUnavailable
+from tests.billing.admission_helpers import REDIS_TEST_URL, require_redis
+
+MODEL = "m"
+
+
+@pytest.fixture
+def redis_backend():
+    require_redis()
+    backend = RedisAdmission(url=REDIS_TEST_URL, prefix=f"test:{uuid.uuid4().hex}")
+    reset_admission_backend(backend)
+    yield backend
+    backend.flush()
+
+
+def reserve(auth, **sizes):
+    return async_to_sync(aadmission_reserve)(auth=auth, request_id=uuid.uuid4().hex, model=MODEL, **sizes)
+
+
+def test_a_flushed_redis_still_counts_the_months_spend(redis_backend, tenant_factory, tier_factory, price_factory,
+                                                       record_write):
+    from tenants.services.api_keys import AuthContext
+
+    price_factory(model=MODEL, input="1", cached="1", output="1", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    tier = tier_factory(requests_per_minute=100, tokens_per_minute=0, max_concurrent_requests=5, monthly_token_quota=0)
+    tenant = tenant_factory(tier=tier, monthly_spend_limit_micros=3_000)  # $0.003 = 3,000 tokens at $1/M
+    auth = AuthContext(tenant=tenant, tier=tier, api_key=None)
+    admitted = reserve(auth, prompt_tokens=1_000, max_tokens=1_000)
+    record = {"request_id": admitted.request_id, "tenant_id": tenant.pk, "api_key_id": None, "model": MODEL,
+              "tier": tier.name, "prompt_tokens": 1_000, "cached_tokens": 0, "completion_tokens": 1_000,
+              "finish_reason": "length"}
+    record_write(tenant, **record)
+    admission_settle_records([record])
+    redis_backend.redis.flushdb()  # db 7: this suite's own
+    with pytest.raises(InsufficientQuota) as refused:  # the $0.002 spent is rebuilt from the ledger
+        reserve(auth, prompt_tokens=1_000, max_tokens=1_000)
+    assert "Used $0.002" in refused.value.message
+    assert reserve(auth, prompt_tokens=500, max_tokens=500).reserved
+
+
+def test_redis_unreachable_admits_nothing(tenant_factory, tier_factory):
+    from tenants.services.api_keys import AuthContext
+
+    reset_admission_backend(RedisAdmission(url="redis://127.0.0.1:1/0"))
+    tenant = tenant_factory(tier=tier_factory(requests_per_minute=3))
+    with pytest.raises(ServiceUnavailable) as refused:
+        reserve(AuthContext(tenant=tenant, tier=tenant.tier, api_key=None), prompt_tokens=1, max_tokens=1)
+    assert refused.value.code == "limits_unavailable" and refused.value.status_code == 503
