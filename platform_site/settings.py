@@ -203,24 +203,24 @@ CELERY_BEAT_SCHEDULE = {
 # ---------------------------------------------------------------- billing
 # Seconds a process keeps its snapshot of prices and tier multipliers; a new
 # price version starts no sooner than this after it is added (billing.services.price_cache).
-PRICE_CACHE_TTL_S = float(os.environ.get("PRICE_CACHE_TTL_S", "10"))
+PRICE_CACHE_TTL_S = float(ENV.get("PRICE_CACHE_TTL_S", "10"))
 # E-mail (budget alerts): the console in development; set EMAIL_BACKEND and EMAIL_HOST etc. in production.
-EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
-EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
-EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
-DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "billing@localhost")
+EMAIL_BACKEND = ENV.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = ENV.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(ENV.get("EMAIL_PORT", "25"))
+DEFAULT_FROM_EMAIL = ENV.get("DEFAULT_FROM_EMAIL", "billing@localhost")
 # Admission (billing.admission): rate limits, concurrency, quotas and budgets are checked
 # before a request is queued (off: nothing is checked, for A/B measurements only). Counters
 # live under ADMISSION_KEY_PREFIX in Redis when REDIS_URL is set (unreachable Redis: 503
 # limits_unavailable), else in this process. ADMISSION_HOLD_S is the longest a request can
 # live: a slot or reservation older than that is released by the periodic sweep.
 ADMISSION_ENABLED = env_bool("ADMISSION_ENABLED", True)
-ADMISSION_KEY_PREFIX = os.environ.get("ADMISSION_KEY_PREFIX", "lim")
-ADMISSION_HOLD_S = float(os.environ.get("ADMISSION_HOLD_S", "900"))
+ADMISSION_KEY_PREFIX = ENV.get("ADMISSION_KEY_PREFIX", "lim")
+ADMISSION_HOLD_S = float(ENV.get("ADMISSION_HOLD_S", "900"))
 # Budget alerts e-mail the tenant's owners at these percentages of the monthly budget.
-BUDGET_ALERT_PERCENTS = [int(p) for p in os.environ.get("BUDGET_ALERT_PERCENTS", "50,80,100").split(",") if p.strip()]
+BUDGET_ALERT_PERCENTS = [int(p) for p in ENV.get("BUDGET_ALERT_PERCENTS", "50,80,100").split(",") if p.strip()]
 # Hours after a period ends before its invoices are finalized (late usage records still land in them).
-INVOICE_GRACE_HOURS = float(os.environ.get("INVOICE_GRACE_HOURS", "1"))
+INVOICE_GRACE_HOURS = float(ENV.get("INVOICE_GRACE_HOURS", "1"))
 
 # ---------------------------------------------------------------- auth / i18n / static
 AUTH_PASSWORD_VALIDATORS = [

@@ -20,7 +20,6 @@ whose request never reached a worker.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -100,9 +99,9 @@ async def _pricing_snapshot():
     """The process's price snapshot; only a reload (once per PRICE_CACHE_TTL_S) leaves the event loop."""
     from billing.services import price_cache
 
-    cached = price_cache._cached
-    if cached is not None and time.monotonic() < cached[0]:
-        return cached[1]
+    snapshot = price_cache.pricing_snapshot_fresh()
+    if snapshot is not None:
+        return snapshot
     return await sync_to_async(price_cache.pricing_snapshot)()
 
 

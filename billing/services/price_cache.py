@@ -3,7 +3,9 @@
 Costing a step's records must not add a query to the worker's one INSERT
 (`usage_records_insert`), so the price table (a few rows per model) and the
 tiers' multipliers are read at most once per ``settings.PRICE_CACHE_TTL_S``
-seconds (default 10) and whenever a Price or Tier is saved in this process.
+seconds and whenever a Price or Tier is saved in this process (on the
+project's one per-process cache, `common.cache.TtlCache`: a load that raced a
+save is not kept).
 
 Exactness across processes: a new price version may only take effect at
 least one TTL after it is written (`price_create` refuses an earlier
@@ -16,16 +18,13 @@ when the record is written; another process sees a change within the TTL.
 from __future__ import annotations
 
 import bisect
-import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
 
 from billing.money import PriceTerms, multiplier_to_milli
-
-DEFAULT_TTL_S = 10.0
+from common.cache import TtlCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +45,11 @@ class PricingSnapshot:
         return self.multipliers.get(tier, 1000)  # a deleted tier: list price
 
 
-_lock = threading.Lock()
-_cached: tuple[float, PricingSnapshot] | None = None
-_generation = 0  # bumped by every clear: a load that began before one is not kept
-
-
 def ttl_s() -> float:
-    return float(getattr(settings, "PRICE_CACHE_TTL_S", DEFAULT_TTL_S))
+    return float(settings.PRICE_CACHE_TTL_S)
+
+
+_snapshots: TtlCache[str, "PricingSnapshot"] = TtlCache("price snapshot", ttl=ttl_s, max_entries=1)
 
 
 def pricing_snapshot_load() -> PricingSnapshot:
@@ -70,23 +67,16 @@ def pricing_snapshot_load() -> PricingSnapshot:
 
 def pricing_snapshot() -> PricingSnapshot:
     """The cached snapshot, reloaded once it is older than the TTL."""
-    global _cached
-    cached = _cached
-    if cached is not None and time.monotonic() < cached[0]:
-        return cached[1]
-    generation = _generation
-    snapshot = pricing_snapshot_load()
-    with _lock:
-        if generation == _generation:
-            _cached = (time.monotonic() + ttl_s(), snapshot)
-    return snapshot
+    return _snapshots.get_or_load("snapshot", pricing_snapshot_load)
+
+
+def pricing_snapshot_fresh() -> PricingSnapshot | None:
+    """The cached snapshot if it is still fresh, else None (the web side then loads it off its event loop)."""
+    return _snapshots.get("snapshot")
 
 
 def price_cache_clear(**_: object) -> None:
-    global _cached, _generation
-    with _lock:
-        _cached = None
-        _generation += 1
+    _snapshots.clear()
 
 
 def connect_signals() -> None:
