@@ -33,16 +33,13 @@ from django.conf import settings
 
 from common.cache import TtlCache
 
-DEFAULT_TTL_S = 2.0
-DEFAULT_KEEP_WARM_S = 30.0
 
-
-def ttl_s() -> float:
-    return float(getattr(settings, "API_KEY_CACHE_TTL_S", DEFAULT_TTL_S))
+def ttl_s() -> float:  # read per call: settings changed at run time (and in tests) apply to the next entry
+    return float(settings.API_KEY_CACHE_TTL_S)
 
 
 def keep_warm_s() -> float:
-    return float(getattr(settings, "API_KEY_CACHE_KEEP_WARM_S", DEFAULT_KEEP_WARM_S))
+    return float(settings.API_KEY_CACHE_KEEP_WARM_S)
 
 
 # prefix -> ApiKey with tenant__tier; prefixes come from well-formed keys only, unknown ones are never stored
