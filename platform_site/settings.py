@@ -121,8 +121,9 @@ DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL or f"sqlite:///{BASE_DIR / 'db.sqlite3'}",
         conn_max_age=int(ENV.get("DB_CONN_MAX_AGE", "0")),
-        # a persistent connection is checked before a request reuses it: none left broken by a
-        # database restart answers a 500
+        # a persistent connection is checked before a request reuses it, and with DB_POOL each pooled one
+        # as it leaves the pool (Django passes psycopg's ConnectionPool.check_connection): none left
+        # broken by a database restart answers a 500
         conn_health_checks=True,
     )
 }
@@ -133,16 +134,11 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_b
     # Under ASGI Django's docs ask for the driver's pool, not persistent connections
     # (CONN_MAX_AGE must then be 0). Without either, every request that reaches the
     # database opens a connection, which costs many times a query on an open one.
-    from psycopg_pool import ConnectionPool
-
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": int(ENV.get("DB_POOL_MIN_SIZE", "1")),
         "max_size": int(ENV.get("DB_POOL_MAX_SIZE", "8")),
         "timeout": float(ENV.get("DB_POOL_TIMEOUT_S", "10")),
-        # each connection is checked as it leaves the pool (one empty round trip): after a database
-        # restart, a broken one is replaced instead of failing the request that took it
-        "check": ConnectionPool.check_connection,
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -202,9 +202,9 @@ class ReplyChannel:
     async def _send_stop(self) -> None:
         try:
             await self.layer.send(self.name, {"type": STOP})
-        except Exception:  # noqa: BLE001 - the loop then idles in its receive until the next message
+        except Exception as exc:  # noqa: BLE001 - the loop then idles in its receive until the next message
             self._stop_sent = False
-            logger.exception("could not stop the reply loop of %s", self.name)
+            _receive_outage.failed(f"could not stop the reply loop of {self.name}: {exc!r}")
 
     async def _receive_loop(self) -> None:
         failures = 0
