@@ -186,6 +186,8 @@ class Spool:
         while not self._closed:
             self._wake.wait(interval)
             self._wake.clear()
+            if self._closed:
+                return
             try:
                 left = self.flush_once()
             except Exception:  # noqa: BLE001 - never let the flusher die
