@@ -23,6 +23,7 @@ import asyncio
 import inspect
 import re
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,11 @@ def _venv_path() -> str:
 
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory):
+    missing = [name for name in ("redis-server", "initdb", "pg_ctl") if shutil.which(name) is None]
+    if missing:  # the machine's PostgreSQL and Redis packages provide them
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"this test needs {missing} under CI")
+        pytest.skip(f"needs {missing}")
     tmp = tmp_path_factory.mktemp("procfile")
     postgres = PrivatePostgres()
     redis_server = PrivateRedis(tmp / "redis")
@@ -140,6 +146,13 @@ async def _stream(client, *, max_tokens: int, seen: dict | None = None) -> dict:
     return seen
 
 
+async def _until(predicate, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
 def _check_billed_equals_delivered(layout, seen: dict) -> dict | None:
     if isinstance(seen["error"], openai.APIStatusError):  # refused before it was queued: nothing billed
         assert seen["status"] == 503 and seen["error"].response.headers.get("Retry-After"), seen
@@ -194,8 +207,9 @@ def test_redis_restarted_under_load(layout):
     async def scenario():
         client = _client(layout, openai.AsyncOpenAI)
         # 2 workers x (1 running + 2 prefetched): 8 requests leave two on the queue
-        streams = [asyncio.create_task(_stream(client, max_tokens=24)) for _ in range(8)]
-        await asyncio.sleep(1.5)
+        seen = [_seen_new() for _ in range(8)]
+        streams = [asyncio.create_task(_stream(client, max_tokens=24, seen=one)) for one in seen]
+        await _until(lambda: all(one["request_id"] for one in seen))  # all 8 queued (headers come after)
         redis_server.stop()
         down = []
         for _ in range(3):  # new requests while Redis is down: 503 with a code and Retry-After, at once
@@ -215,8 +229,8 @@ def test_redis_restarted_under_load(layout):
         assert response.status_code == 503, response.text
         assert response.json()["error"]["code"] in {"queue_unavailable", "limits_unavailable", "no_worker"}
         assert int(response.headers["Retry-After"]) >= 1
-    for seen in streams:  # none hung; each billed once, as delivered or as stated
-        assert seen["request_id"], seen
+    for seen in streams:  # none hung, none lost (two were still queued); each billed once, as delivered or as stated
+        assert not isinstance(seen["error"], openai.APIStatusError), seen
         _check_billed_equals_delivered(layout, seen)
     # service resumes by itself
     client = _client(layout)
@@ -247,10 +261,7 @@ def test_postgres_restarted_under_load_loses_no_usage_record(layout):
         client = _client(layout, openai.AsyncOpenAI)
         seen = [_seen_new() for _ in range(4)]
         streams = [asyncio.create_task(_stream(client, max_tokens=16, seen=one)) for one in seen]
-        for _ in range(200):  # every stream admitted and generating, then the database goes
-            if all(one["tokens"] or one["error"] for one in seen):
-                break
-            await asyncio.sleep(0.05)
+        await _until(lambda: all(one["tokens"] or one["error"] for one in seen))  # all generating
         await asyncio.to_thread(postgres.stop)
         results = await asyncio.wait_for(asyncio.gather(*streams), timeout=180)  # they end while it is down
         await asyncio.sleep(1.0)
@@ -303,8 +314,9 @@ def test_a_web_process_killed_mid_stream_has_its_jobs_aborted(layout):
 
     async def scenario():
         client = _client(layout, openai.AsyncOpenAI, key="globex")
-        streams = [asyncio.create_task(_stream(client, max_tokens=asked)) for _ in range(2)]
-        await asyncio.sleep(3.0)  # both streaming
+        seen = [_seen_new() for _ in range(2)]
+        streams = [asyncio.create_task(_stream(client, max_tokens=asked, seen=one)) for one in seen]
+        await _until(lambda: all(one["tokens"] for one in seen))  # both streaming
         pids = _web_children_with_connections(layout, port)
         assert pids, "no web process holds the streams"
         for pid in pids:
