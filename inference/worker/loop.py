@@ -4,7 +4,8 @@
     loop.run()            # until request_drain() (SIGTERM) has finished the work in hand
 
 Each pass: heartbeat (every ~1 s: inference.worker.heartbeat), reap dead
-workers (every few seconds), abort what clients cancelled, end jobs dropped
+workers (every few seconds), abort the jobs of reply channels nobody reads
+(every ~1 s: inference.worker.listeners), abort what clients cancelled, end jobs dropped
 from the queue, lease new jobs when the engine has room, then one engine step
 whose outputs become `Delta` events (inference.protocol) and, for finished
 requests, a usage record and one `Done`, both from the finisher thread
@@ -40,6 +41,7 @@ from .events import EventSink
 from .finish import ActiveRequest, db_connections_close, job_fail, job_finish
 from .finisher import Finisher
 from .heartbeat import Heartbeats
+from .listeners import ReplyWatch
 from .marks import StartMarks
 from .reaper import dead_workers_reap, dropped_jobs_finish, reap_result_finish
 from .serving_engine import ServingEngine
@@ -87,9 +89,7 @@ class WorkerLoop:
         self._prefetch = prefetch
         self.reap_interval = reap_interval if reap_interval is not None else max(1.0, queue.heartbeat_timeout / 2)
         self.dropped_interval = dropped_interval
-        self.reply_alive_timeout = reply_alive_timeout
-        self._next_reply_check = 0.0
-        self._reply_missing: dict[str, float] = {}  # reply channel -> monotonic time it was first seen gone
+        self.reply_watch = ReplyWatch(queue=queue, timeout=reply_alive_timeout)
         self.queue_outage = Outage(logger, f"worker {self.worker_id}: job queue (Redis)")
         self.active: dict[str, ActiveRequest] = {}
         self.started_at = time.time()
@@ -172,8 +172,7 @@ class WorkerLoop:
             except Exception as exc:  # noqa: BLE001
                 if not connection_lost(exc):
                     logger.exception("reaping failed")
-        if now >= self._next_reply_check and self.active:
-            self._next_reply_check = now + min(1.0, self.reply_alive_timeout / 3)
+        if now >= self.reply_watch.next_at and self.active:
             self._abort_unheard(now)
         if now >= self._next_dropped:
             self._next_dropped = now + self.dropped_interval
@@ -250,26 +249,13 @@ class WorkerLoop:
         self._cancellations_apply(cancelled)
 
     def _abort_unheard(self, now: float) -> None:
-        """Abort the jobs whose reply channel has had no live reader for reply_alive_timeout seconds
-        (its web process died): they end with "abort", billed for what they generated."""
-        channels = {a.job.reply_channel for a in self.active.values() if not a.aborting}
-        alive = self.queue.reply_channels_alive(channels)  # Redis away: raises, nothing is judged
-        for channel in list(self._reply_missing):
-            if channel in alive or channel not in channels:
-                del self._reply_missing[channel]
-        dead = set()
-        for channel in channels - alive:
-            since = self._reply_missing.setdefault(channel, now)
-            if now - since >= self.reply_alive_timeout:
-                dead.add(channel)
-        if not dead:
-            return
-        ids = {rid for rid, a in self.active.items() if a.job.reply_channel in dead and not a.aborting}
-        logger.warning("worker %s: nobody reads %s any more; aborting %d requests", self.worker_id,
-                       ", ".join(sorted(dead)), len(ids))
-        for channel in dead:
-            self._reply_missing.pop(channel, None)
-        self._cancellations_apply(ids)
+        """Abort the jobs of reply channels nobody reads any more (inference.worker.listeners): they end
+        with "abort", billed for what they generated."""
+        dead, ids = self.reply_watch.unheard(self.active, now)
+        if ids:
+            logger.warning("worker %s: nobody reads %s any more; aborting %d requests", self.worker_id,
+                           ", ".join(sorted(dead)), len(ids))
+            self._cancellations_apply(ids)
 
     def _cancellations_apply(self, cancelled: set[str]) -> None:
         for request_id in cancelled:

@@ -148,3 +148,23 @@ def test_an_outage_is_said_once_and_its_end_once(caplog):
     assert "(50 failures)" in messages[1]
 
 
+
+
+def test_a_reply_channel_is_judged_dead_only_after_its_key_is_gone_for_the_timeout():
+    from types import SimpleNamespace
+
+    from inference.worker.listeners import ReplyWatch
+
+    alive = {"a", "b"}
+    queue = SimpleNamespace(reply_channels_alive=lambda channels: channels & alive)
+    watch = ReplyWatch(queue=queue, timeout=3.0)
+    active = {rid: SimpleNamespace(job=SimpleNamespace(reply_channel=ch), aborting=False)
+              for rid, ch in (("r1", "a"), ("r2", "b"), ("r3", "b"))}
+    assert watch.unheard(active, 0.0) == (set(), set())
+    alive.discard("b")  # its web process stopped refreshing the key
+    assert watch.unheard(active, 1.0) == (set(), set())  # gone, but not for long enough
+    alive.add("b")  # back (e.g. after a Redis restart): the clock starts again
+    assert watch.unheard(active, 2.0) == (set(), set())
+    alive.discard("b")
+    assert watch.unheard(active, 3.0) == (set(), set())
+    assert watch.unheard(active, 6.0) == ({"b"}, {"r2", "r3"})
