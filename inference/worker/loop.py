@@ -45,7 +45,7 @@ from .listeners import ReplyWatch
 from .marks import StartMarks
 from .reaper import dead_workers_reap, dropped_jobs_finish, reap_result_finish
 from .serving_engine import ServingEngine
-from .spool import spool_close
+from .spool import spool_close, spool_get
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,10 @@ class WorkerLoop:
         failures = 0
         try:
             self.load_engine()
+            try:
+                spool_get()  # takes over the usage records a dead worker left in the spool folder
+            except Exception:  # noqa: BLE001 - the records wait there for the next worker
+                logger.exception("could not open the usage-record spool")
             self.heartbeats.start()
             while not self._stopping.is_set():
                 try:
