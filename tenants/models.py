@@ -110,6 +110,16 @@ class Membership(models.Model):
     def __str__(self) -> str:
         return f"{self.user} @ {self.tenant} ({self.role})"
 
+    # What each role may change on the dashboard (a viewer only reads).
+    @property
+    def can_manage_keys(self) -> bool:
+        return self.role in (self.Role.OWNER, self.Role.MEMBER)
+
+    @property
+    def can_manage_settings(self) -> bool:
+        """The tenant's budget and alert settings: owners only."""
+        return self.role == self.Role.OWNER
+
 
 class ApiKey(models.Model):
     """An API key. The secret is shown once; only its peppered HMAC is stored."""

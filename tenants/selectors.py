@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from tenants.models import ApiKey, Tenant, Tier
+from tenants.models import ApiKey, Membership, Tenant, Tier
 
 
 def tier_get(*, name: str) -> Tier | None:
@@ -45,3 +45,15 @@ def api_key_status(*, api_key: ApiKey, now=None) -> str:
     if not api_key.is_usable(now):
         return "expired"
     return "active"
+
+
+def memberships_of(*, user) -> QuerySet[Membership]:
+    """The tenants a dashboard user belongs to, with their role."""
+    if not getattr(user, "is_authenticated", False):
+        return Membership.objects.none()
+    return Membership.objects.filter(user=user).select_related("tenant", "tenant__tier").order_by("tenant__name")
+
+
+def membership_get(*, user, slug: str) -> Membership | None:
+    """The user's membership of the tenant `slug`, or None (not a member, or no such tenant: callers answer 404)."""
+    return memberships_of(user=user).filter(tenant__slug=slug).first()
