@@ -72,8 +72,7 @@ def main() -> None:
     from tenants.services.api_keys import api_key_create
     from tenants.services.tenants import tenant_create, user_create_member
 
-    if connection.vendor == "sqlite":
-        call_command("migrate", verbosity=0)
+    call_command("migrate", verbosity=0)
     rng = random.Random(29)
     tag = uuid.uuid4().hex[:8]
     tier = Tier.objects.order_by("pk").first() or Tier.objects.create(name=f"bench-{tag}")

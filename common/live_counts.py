@@ -84,6 +84,10 @@ def event_counts(kind: str, *, window_s: int = KEEP_S, now: float | None = None)
 
 
 def live_counts_clear() -> None:
-    """Tests: forget the in-process counts."""
+    """Tests: forget the counts (in this process, or under this prefix in Redis)."""
     with _lock:
         _memory.clear()
+    if settings.REDIS_URL:
+        client = _redis()
+        for key in client.scan_iter(match=f"{settings.QUEUE_KEY_PREFIX}:live:*", count=1000):
+            client.delete(key)
