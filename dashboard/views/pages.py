@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 
 from billing.money import usd_str
@@ -89,9 +89,10 @@ def usage(request, slug: str):
 @login_required
 def usage_csv(request, slug: str):
     membership = membership_or_404(request, slug)
-    _form, data = _usage(request, membership)
+    form, data = _usage(request, membership)
     if data is None:
-        raise Http404("Invalid range")
+        return HttpResponseBadRequest("Invalid range or filter: " + "; ".join(
+            message for messages in form.errors.values() for message in messages), content_type="text/plain")
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="usage-{slug}-{data["start"]}-{data["end"]}.csv"'
     writer = csv.writer(response)

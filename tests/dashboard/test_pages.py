@@ -130,3 +130,14 @@ def test_plotly_served_from_the_package(db):
     response = Client().get(reverse("dashboard:plotly-js"))
     assert response.status_code == 200 and response["Content-Type"].startswith("text/javascript")
     assert b"plotly.js" in b"".join(response.streaming_content)[:2000]
+
+
+def test_usage_range_is_checked(tenant, member_factory):
+    client = login(member_factory(tenant, "viewer"))
+    base = reverse("dashboard:usage", args=[tenant.slug])
+    too_long = client.get(base, {"start": "2026-01-01", "end": "2026-06-30"})
+    assert too_long.status_code == 200 and "At most 92 days" in too_long.content.decode()
+    reversed_range = client.get(reverse("dashboard:usage-csv", args=[tenant.slug]),
+                                {"start": "2026-02-01", "end": "2026-01-01"})
+    assert reversed_range.status_code == 400 and b"starts after it ends" in reversed_range.content
+    assert client.get(base, {"key": "999999"}).status_code == 200  # not one of the tenant's keys: a form error
