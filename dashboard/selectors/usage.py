@@ -10,10 +10,12 @@ on PostgreSQL and the same formula in Python elsewhere.
 
 from __future__ import annotations
 
+import zoneinfo
 from datetime import date, timedelta
 
 from django.db import connection
-from django.db.models import Aggregate, Case, Count, FloatField, IntegerField, Q, Value, When
+from django.db.models import Aggregate, Count, FloatField, Q
+from django.db.models.functions import TruncDate
 
 from billing.models import UsageRecord
 from billing.usage_buckets import FIGURES, Query, usage_sums
@@ -84,40 +86,38 @@ def usage_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> di
     return out
 
 
-def _records(tenant: Tenant, days: Days, models, api_key_ids):
-    records = UsageRecord.objects.filter(tenant=tenant, created_at__gte=days.start, created_at__lt=days.end)
+def _records(tenant: Tenant, start, end, models, api_key_ids):
+    records = UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end)
     if models:
         records = records.filter(model__in=list(models))
     if api_key_ids:
         records = records.filter(api_key_id__in=list(api_key_ids))
-    # the day's index, computed by the database from the days' UTC starts (no per-row conversion)
-    index = Case(*[When(created_at__lt=start, then=Value(i - 1)) for i, start in enumerate(days.starts[1:], 1)],
-                 default=Value(len(days.days) - 1), output_field=IntegerField())
-    return records.annotate(day_index=index).order_by()
+    return records.order_by()
 
 
 def latency_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict]:
-    """Local day -> requests, errors, error_rate, ttft_p50_s, ttft_p95_s (None without a first token)."""
+    """Local day -> requests, errors, error_rate, ttft_p50_s, ttft_p95_s (None without a first token).
+
+    PostgreSQL groups by the local date (AT TIME ZONE) and computes percentile_cont itself; elsewhere
+    each day is one range scan of the (tenant, created_at) index returning its TTFTs and outcomes
+    (a CASE over the days' bounds costs a comparison per bound and row, far more on SQLite).
+    """
     out = {day: {"requests": 0, "errors": 0, "error_rate": 0.0, "ttft_p50_s": None, "ttft_p95_s": None}
            for day in days.days}
-    records = _records(tenant, days, models, api_key_ids)
-    aggregates = {"requests": Count("id"), "errors": Count("id", filter=Q(finish_reason="error"))}
-    postgres = connection.vendor == "postgresql"
-    if postgres:
-        aggregates["ttft_p50_s"] = PercentileCont("ttft_s", 0.5)
-        aggregates["ttft_p95_s"] = PercentileCont("ttft_s", 0.95)
-    for row in records.values("day_index").annotate(**aggregates):
-        figures = out[days.days[row.pop("day_index")]]
-        figures.update(row)
-    if not postgres:
-        values: dict[int, list[float]] = {}
-        for index, ttft in records.filter(ttft_s__isnull=False).values_list("day_index", "ttft_s"):
-            values.setdefault(index, []).append(ttft)
-        for index, samples in values.items():
-            samples.sort()
-            figures = out[days.days[index]]
-            figures["ttft_p50_s"] = percentile_cont(samples, 0.5)
-            figures["ttft_p95_s"] = percentile_cont(samples, 0.95)
+    if connection.vendor == "postgresql":
+        rows = (_records(tenant, days.start, days.end, models, api_key_ids)
+                .annotate(day=TruncDate("created_at", tzinfo=zoneinfo.ZoneInfo(days.tz))).values("day")
+                .annotate(requests=Count("id"), errors=Count("id", filter=Q(finish_reason="error")),
+                          ttft_p50_s=PercentileCont("ttft_s", 0.5), ttft_p95_s=PercentileCont("ttft_s", 0.95)))
+        for row in rows:
+            if row["day"] in out:
+                out[row.pop("day")].update(row)
+    else:
+        for day, start, end in zip(days.days, days.starts, (*days.starts[1:], days.end)):
+            outcomes = list(_records(tenant, start, end, models, api_key_ids).values_list("ttft_s", "finish_reason"))
+            ttfts = sorted(ttft for ttft, _reason in outcomes if ttft is not None)
+            out[day].update(requests=len(outcomes), errors=sum(reason == "error" for _ttft, reason in outcomes),
+                            ttft_p50_s=percentile_cont(ttfts, 0.5), ttft_p95_s=percentile_cont(ttfts, 0.95))
     for figures in out.values():
         figures["error_rate"] = figures["errors"] / figures["requests"] if figures["requests"] else 0.0
         for name in ("ttft_p50_s", "ttft_p95_s"):
