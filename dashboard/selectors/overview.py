@@ -11,7 +11,7 @@ from django.utils import timezone
 from billing.admission.base import QUOTA, SPEND
 from billing.money import femtos_to_usd
 from billing.periods import Period, month_containing
-from billing.services.admission_ledger import ledger_total
+from billing.services.admission_ledger import ledger_totals
 from dashboard.selectors.days import days_between, today_in
 from dashboard.selectors.usage import usage_by_day, usage_totals
 from tenants.models import Tenant
@@ -62,10 +62,6 @@ def overview_get(*, tenant: Tenant, now: datetime | None = None) -> Overview:
     period = month_containing(instant=now, tz=tenant.timezone)
     days = days_between(first=period.month, last=today_in(tenant.timezone, now), tz=tenant.timezone)
     totals = usage_totals(usage_by_day(tenant=tenant, days=days))
-    scope = f"t{tenant.pk}"
-    return Overview(
-        period=period, totals=totals,
-        quota_used=ledger_total(scope=scope, kind=QUOTA, start=period.start, end=period.end),
-        budget_used_nanos=ledger_total(scope=scope, kind=SPEND, start=period.start, end=period.end),
-        limits=limits_explain(tenant=tenant),
-    )
+    used = ledger_totals(scope=f"t{tenant.pk}", start=period.start, end=period.end)  # what admission counts
+    return Overview(period=period, totals=totals, quota_used=used[QUOTA], budget_used_nanos=used[SPEND],
+                    limits=limits_explain(tenant=tenant))

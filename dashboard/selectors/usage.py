@@ -19,10 +19,12 @@ from django.db.models.functions import TruncDate
 
 from billing.models import UsageRecord
 from billing.usage_buckets import FIGURES, Query, usage_sums
+from common.cache import TtlCache
 from dashboard.selectors.days import HOUR, Days, hour_floor
 from tenants.models import Tenant
 
 MAX_RANGE_DAYS = 92  # the usage page's longest range
+MODELS_USED_TTL_S = 60  # a new model shows in the filter within a minute
 
 
 class PercentileCont(Aggregate):
@@ -133,10 +135,18 @@ def usage_totals(by_day: dict[date, dict[str, int]]) -> dict[str, int]:
     return total
 
 
+_models_used: TtlCache[int, list[str]] = TtlCache("models per tenant (dashboard filter)", ttl=MODELS_USED_TTL_S,
+                                                  max_entries=10_000)
+
+
 def models_used(*, tenant: Tenant) -> list[str]:
-    """The models in the tenant's records (for the usage page's filter)."""
+    """The models in the tenant's rollups and latest records (the usage page's filter), kept a minute."""
     from billing.models import DailyUsage
 
-    return sorted(set(DailyUsage.objects.filter(tenant=tenant).values_list("model", flat=True).distinct())
-                  | set(UsageRecord.objects.filter(tenant=tenant).order_by("-created_at")
-                        .values_list("model", flat=True)[:200]))
+    def load() -> list[str]:
+        return sorted(set(DailyUsage.objects.filter(tenant=tenant).order_by().values_list("model", flat=True)
+                          .distinct())
+                      | set(UsageRecord.objects.filter(tenant=tenant).order_by("-created_at")
+                            .values_list("model", flat=True)[:200]))
+
+    return _models_used.get_or_load(tenant.pk, load)

@@ -63,3 +63,13 @@ def member_factory(db):
                                   password="pw-dashboard-1-long")
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _models_filter_forgotten():
+    """Tenant ids come back across tests: no test sees another's cached model list."""
+    from dashboard.selectors.usage import _models_used
+
+    _models_used.clear()
+    yield
+    _models_used.clear()
