@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="requests timed per page")
     parser.add_argument("--timezone", default="America/New_York", help="the tenant's zone (its days)")
     parser.add_argument("--keep", action="store_true", help="leave the tenant and its records in the database")
+    parser.add_argument("--reuse", metavar="SLUG", help="time the pages of a tenant an earlier --keep run left "
+                                                        "(no generation; nothing deleted)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -68,34 +70,46 @@ def main() -> None:
     from billing.services.prices import EPOCH, price_create
     from billing.services.rollups import hourly_usage_fill
     from billing_queries import usage_year_generate
-    from tenants.models import Tier
+    from tenants.models import Tenant, Tier
     from tenants.services.api_keys import api_key_create
     from tenants.services.tenants import tenant_create, user_create_member
 
     call_command("migrate", verbosity=0)
     rng = random.Random(29)
     tag = uuid.uuid4().hex[:8]
-    tier = Tier.objects.order_by("pk").first() or Tier.objects.create(name=f"bench-{tag}")
-    tenant = tenant_create(slug=f"bench-dash-{tag}", name="dashboard benchmark", tier=tier,
-                           monthly_spend_limit_micros=500_000_000)
-    tenant.timezone = args.timezone
-    tenant.save(update_fields=["timezone"])
-    keys = [api_key_create(tenant=tenant, name=f"bench-{i}").api_key for i in range(20)]
-    models = [f"bench-{tag}-{name}" for name in ("small", "medium", "large")]
-    prices = [price_create(model=model, input_per_million=p[0], cached_input_per_million=p[1],
-                           output_per_million=p[2], effective_from=EPOCH)
-              for model, p in zip(models, [("0.05", "0.025", "0.1"), ("0.5", "0.125", "1.5"), ("2.5", "0.25", "10")])]
     now = datetime.now(timezone.utc)
     report: dict = {"database": connection.vendor, "records": args.records, "timezone": args.timezone,
                     "rounds": args.rounds}
-    started = time.perf_counter()
-    usage_year_generate(tenant=tenant, tier=tier, keys=keys, terms={p.model: p.terms for p in prices},
-                        records=args.records, rng=rng, tag=tag, start=now - timedelta(days=365), timings=True)
-    report["generate_s"] = round(time.perf_counter() - started, 1)
+    if args.reuse:
+        tenant = Tenant.objects.get(slug=args.reuse)
+        keys = list(tenant.api_keys.order_by("pk"))
+        models = sorted(UsageRecord.objects.filter(tenant=tenant).order_by().values_list("model", flat=True)
+                        .distinct())
+        prices = []
+        report.update(records=UsageRecord.objects.filter(tenant=tenant).count(), timezone=tenant.timezone,
+                      reused=tenant.slug)
+        args.keep = True
+    else:
+        tier = Tier.objects.order_by("pk").first() or Tier.objects.create(name=f"bench-{tag}")
+        tenant = tenant_create(slug=f"bench-dash-{tag}", name="dashboard benchmark", tier=tier,
+                               monthly_spend_limit_micros=500_000_000)
+        tenant.timezone = args.timezone
+        tenant.save(update_fields=["timezone"])
+        keys = [api_key_create(tenant=tenant, name=f"bench-{i}").api_key for i in range(20)]
+        models = [f"bench-{tag}-{name}" for name in ("small", "medium", "large")]
+        prices = [price_create(model=model, input_per_million=p[0], cached_input_per_million=p[1],
+                               output_per_million=p[2], effective_from=EPOCH)
+                  for model, p in zip(models, [("0.05", "0.025", "0.1"), ("0.5", "0.125", "1.5"),
+                                               ("2.5", "0.25", "10")])]
+        started = time.perf_counter()
+        usage_year_generate(tenant=tenant, tier=tier, keys=keys, terms={p.model: p.terms for p in prices},
+                            records=args.records, rng=rng, tag=tag, start=now - timedelta(days=365), timings=True)
+        report["generate_s"] = round(time.perf_counter() - started, 1)
     started = time.perf_counter()
     hourly_usage_fill(now=now)
     report["rollup_fill_s"] = round(time.perf_counter() - started, 1)
     invoice = invoice_draft_refresh(tenant=tenant, period=month_containing(instant=now, tz=tenant.timezone))
+    print(f"tenant {tenant.slug}", flush=True)
 
     owner = user_create_member(tenant=tenant, username=f"bench-owner-{tag}", role="owner",
                                password="bench-owner-password-1")
@@ -132,7 +146,10 @@ def main() -> None:
                          "target_p95_ms": target}
         results[name]["met"] = results[name]["p95_ms"] <= target
     report["pages"] = results
-    if not args.keep:
+    if args.keep:
+        owner.delete()
+        staff.delete()
+    else:
         Invoice.objects.filter(tenant=tenant).delete()
         UsageRecord.objects.filter(tenant=tenant).delete()
         HourlyUsage.objects.filter(tenant=tenant).delete()
