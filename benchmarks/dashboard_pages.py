@@ -6,7 +6,9 @@ the tenant's owner; the console's summary as a staff user. Reports p50 and
 p95 per page against the targets (BENCHMARKS.md): each tenant page <= 300 ms
 p95, the console's summary <= 200 ms p95. The year ends now, so the pages'
 default ranges (this month, the last 30 days) hold data; the rollup is filled
-up to the current hour, as the hourly beat task keeps it.
+up to the current hour, as the hourly beat task keeps it. Beside each wall-clock
+figure it prints this process's CPU time per request: on SQLite that is all of
+the server's work, which a machine shared with other jobs stretches in wall time.
 
     python benchmarks/dashboard_pages.py                       # SQLite (a fresh file under .bench/)
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/llm_bench python benchmarks/dashboard_pages.py
@@ -135,14 +137,16 @@ def main() -> None:
     results = {}
     for name, (who, url) in pages.items():
         assert who.get(url).status_code == 200, (name, url)  # warm: sessions, caches, connections
-        samples = []
+        samples, cpu = [], []
         for _ in range(args.rounds):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             response = who.get(url)
             samples.append((time.perf_counter() - started) * 1e3)
+            cpu.append((time.process_time() - cpu_started) * 1e3)
             assert response.status_code == 200
         target = TARGET_CONSOLE_MS if name.startswith("console") else TARGET_PAGE_MS
         results[name] = {"p50_ms": round(statistics.median(samples), 1), "p95_ms": round(percentile(samples, 0.95), 1),
+                         "cpu_p50_ms": round(statistics.median(cpu), 1), "cpu_p95_ms": round(percentile(cpu, 0.95), 1),
                          "target_p95_ms": target}
         results[name]["met"] = results[name]["p95_ms"] <= target
     report["pages"] = results
@@ -163,9 +167,10 @@ def main() -> None:
     for name, value in report.items():
         if name != "pages":
             print(f"{name:24s} {value}")
-    print(f"{'page':24s} {'p50 ms':>8s} {'p95 ms':>8s} {'target':>7s}  met")
+    print(f"{'page':24s} {'p50 ms':>8s} {'p95 ms':>8s} {'target':>7s}  met   (this process's CPU: p50, p95 ms)")
     for name, row in results.items():
-        print(f"{name:24s} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f} {row['target_p95_ms']:7d}  {row['met']}")
+        print(f"{name:24s} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f} {row['target_p95_ms']:7d}  {row['met']!s:5s} "
+              f"({row['cpu_p50_ms']:.1f}, {row['cpu_p95_ms']:.1f})")
     if args.json:
         print(json.dumps(report))
 
