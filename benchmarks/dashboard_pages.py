@@ -110,6 +110,11 @@ def main() -> None:
     started = time.perf_counter()
     hourly_usage_fill(now=now)
     report["rollup_fill_s"] = round(time.perf_counter() - started, 1)
+    with connection.cursor() as cursor:  # the planner's statistics, as autovacuum gathers them after a bulk load
+        cursor.execute("ANALYZE tenants_usagerecord" if connection.vendor == "postgresql" else "ANALYZE")
+        if connection.vendor == "postgresql":
+            cursor.execute("ANALYZE billing_hourlyusage")
+            cursor.execute("ANALYZE billing_dailyusage")
     invoice = invoice_draft_refresh(tenant=tenant, period=month_containing(instant=now, tz=tenant.timezone))
     print(f"tenant {tenant.slug}", flush=True)
 
