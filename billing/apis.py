@@ -22,6 +22,7 @@ from billing.selectors import invoices_of
 from billing.usage_buckets import WIDTHS, Query, bucket_floor, usage_sums
 from tenants.auth import HasScope
 from tenants.models import ApiKey
+from tenants.selectors import api_key_pks_of, api_key_public_ids
 
 UTC = dt_timezone.utc
 # OpenAI's limits on buckets per page: (default, maximum)
@@ -82,14 +83,15 @@ def _window(request, width: str, limits: tuple[int, int]) -> tuple[datetime, dat
     return start, last, (last if last < end else None)
 
 
-def _key_ids(request) -> tuple[int, ...]:
-    ids = []
-    for raw in _list_param(request, "api_key_ids"):
-        try:
-            ids.append(int(raw.removeprefix("key_")))
-        except ValueError:
-            raise InvalidRequest(f"api_key_ids: {raw!r} is not an API key id.", param="api_key_ids") from None
-    return tuple(ids)
+def _key_ids(request) -> tuple[int, ...] | None:
+    """The row ids of the caller's keys named (by public id) in api_key_ids; None when none was named.
+
+    An id that is not one of the tenant's keys matches nothing, as an unknown model name does."""
+    public_ids = _list_param(request, "api_key_ids")
+    if not public_ids:
+        return None
+    pks = api_key_pks_of(tenant=request.auth.tenant, public_ids=public_ids)
+    return tuple(pks.values()) or (0,)
 
 
 def _buckets(start: datetime, end: datetime, width: str):
@@ -102,6 +104,15 @@ def _buckets(start: datetime, end: datetime, width: str):
 def _page(data: list, next_start: datetime | None) -> Response:
     return Response({"object": "page", "data": data, "has_more": next_start is not None,
                      "next_page": _page_token(next_start) if next_start else None})
+
+
+def _public_key_ids(sums: dict, group_by: tuple[str, ...]) -> dict[int, str]:
+    """pk -> public id of the keys in grouped sums (the API shows public ids only)."""
+    if "api_key_id" not in group_by:
+        return {}
+    index = group_by.index("api_key_id")
+    pks = {key[index] for groups in sums.values() for key in groups if key[index] is not None}
+    return api_key_public_ids(pks=pks)
 
 
 class UsageCompletionsApi(APIView):
@@ -118,8 +129,9 @@ class UsageCompletionsApi(APIView):
             raise InvalidRequest(f"group_by supports {', '.join(USAGE_GROUPS)}; not {unknown[0]!r}.", param="group_by")
         start, end, next_start = _window(request, width, USAGE_LIMITS[width])
         query = Query(tenant=request.auth.tenant, start=start, end=end, width=width, group_by=group_by,
-                      models=tuple(_list_param(request, "models")), api_key_ids=_key_ids(request))
+                      models=tuple(_list_param(request, "models")), api_key_ids=_key_ids(request) or ())
         sums = usage_sums(query)
+        public_ids = _public_key_ids(sums, group_by)
         data = []
         for bucket_start, bucket_end in _buckets(start, end, width):
             results = []
@@ -133,7 +145,7 @@ class UsageCompletionsApi(APIView):
                     "input_audio_tokens": 0, "output_audio_tokens": 0,
                     "num_model_requests": figures["requests"],
                     "project_id": None, "user_id": None,
-                    "api_key_id": group.get("api_key_id"), "model": group.get("model"),
+                    "api_key_id": public_ids.get(group.get("api_key_id")), "model": group.get("model"),
                     "service_tier": group.get("service_tier"), "batch": None,
                 })
             data.append({"object": "bucket", "start_time": int(bucket_start.timestamp()),

@@ -22,7 +22,7 @@ def _unix(value: datetime | None) -> int | None:
 def api_key_payload(api_key: ApiKey) -> dict:
     """The public view of a key: never the secret or its hash."""
     return {
-        "id": api_key.pk,
+        "id": api_key.public_id,
         "object": "api_key",
         "name": api_key.name,
         "prefix": api_key.prefix,
