@@ -12,16 +12,19 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
 from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.errors import InvalidRequest, NotFound
 from billing.models import Invoice
 from billing.money import usd_str
+from billing.openapi import csv_list, window_parameters
 from billing.selectors import invoices_of
 from billing.usage_buckets import WIDTHS, Query, bucket_floor, usage_sums
 from tenants.auth import HasScope
 from tenants.models import ApiKey
+from tenants.openapi import ref
 from tenants.selectors import api_key_pks_of, api_key_public_ids
 
 UTC = dt_timezone.utc
@@ -115,10 +118,29 @@ def _public_key_ids(sums: dict, group_by: tuple[str, ...]) -> dict[int, str]:
     return api_key_public_ids(pks=pks)
 
 
+def _schema(component: str, parameters: list | None = None, summary: str = "", operation_id: str | None = None):
+    return extend_schema(summary=summary, parameters=parameters or [], operation_id=operation_id,
+                         responses={200: OpenApiResponse(response=ref(component))})
+
+
+_USAGE_PARAMETERS = [
+    *window_parameters(widths=tuple(USAGE_LIMITS), limits=(USAGE_LIMITS["1d"][0], max(m for _, m in USAGE_LIMITS.values())),
+                       max_seconds=MAX_SECONDS),
+    csv_list("group_by", "Group results by these fields.", {"enum": list(USAGE_GROUPS)}),
+    csv_list("models", "Only these models."),
+    csv_list("api_key_ids", "Only these API keys (public ids)."),
+]
+_COSTS_PARAMETERS = [
+    *window_parameters(widths=("1d",), limits=COSTS_LIMITS, max_seconds=MAX_SECONDS),
+    csv_list("group_by", "Group results by line item.", {"enum": ["line_item"]}),
+]
+
+
 class UsageCompletionsApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_USAGE
 
+    @_schema("UsagePage", _USAGE_PARAMETERS, "Completion usage in UTC buckets (OpenAI's organization usage API)")
     def get(self, request):
         width = request.query_params.get("bucket_width", "1d")
         if width not in USAGE_LIMITS:
@@ -167,6 +189,7 @@ class CostsApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_USAGE
 
+    @_schema("CostsPage", _COSTS_PARAMETERS, "Costs in UTC day buckets (OpenAI's organization costs API)")
     def get(self, request):
         width = request.query_params.get("bucket_width", "1d")
         if width != "1d":
@@ -218,6 +241,7 @@ class InvoiceListApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_USAGE
 
+    @_schema("InvoiceList", summary="The tenant's invoices and credit notes", operation_id="invoices_list")
     def get(self, request):
         invoices = invoices_of(tenant=request.auth.tenant)
         return Response({"object": "list", "data": [invoice_payload(i, lines=False) for i in invoices]})
@@ -227,6 +251,7 @@ class InvoiceDetailApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_USAGE
 
+    @_schema("InvoiceWithLines", summary="One invoice with its lines")
     def get(self, request, invoice_id: str):
         invoice = invoices_of(tenant=request.auth.tenant).filter(pk=int(invoice_id) if invoice_id.isdigit() else 0).first()
         if invoice is None:

@@ -267,7 +267,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "OpenAI-compatible inference, API keys, usage, costs and invoices.",
     "VERSION": "1.0.0",
     "OAS_VERSION": "3.1.0",
-    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_INCLUDE_SCHEMA": True,
     "SCHEMA_PATH_PREFIX": "/v1",
     "PREPROCESSING_HOOKS": ["inference.api.openapi.only_v1_endpoints"],
     "POSTPROCESSING_HOOKS": ["inference.api.openapi.document_complete"],
