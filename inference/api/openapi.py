@@ -154,9 +154,14 @@ COMPONENTS = {
     }),
 }
 
-_STREAM = {"text/event-stream": {"schema": {"type": "string", "description": (
-    "Server-sent events: `data: <chunk JSON>` per chunk, `: keep-alive` comments, then `data: [DONE]`; "
-    "an error after the stream began is one `data: {\"error\": ...}` event.")}}}
+# stream: true: server-sent events, described one event at a time (as Schemathesis and OpenAPI 3.2's
+# itemSchema read them): `data: <chunk JSON>` per chunk, `: keep-alive` comments while the engine is
+# quiet, then `data: [DONE]`; an error after the stream began is one `data: {"error": ...}` event.
+_STREAM = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "A chunk object as JSON, or [DONE]"},
+                   "event": {"type": "string"}},
+}}}
 
 
 def _completion_operation(*, summary: str, request: str, response: str) -> dict:
