@@ -78,9 +78,9 @@ def narrowed(document: dict) -> dict:
 def _run(operation, mode: GenerationMode, server, statuses: Counter) -> None:
     headers = {"Authorization": f"Bearer {server.keys['pro']}"}
 
-    @given(case=operation.as_strategy(generation_mode=mode))
     examples = MAX_EXAMPLES_GENERATING if operation.label in GENERATING else MAX_EXAMPLES
 
+    @given(case=operation.as_strategy(generation_mode=mode))
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     def run(case):
