@@ -299,13 +299,18 @@ if not DEBUG:
     SECURE_CONTENT_TYPE_NOSNIFF = True
     X_FRAME_OPTIONS = "DENY"
 
+# Every line goes through one handler whose filter masks API keys and the secrets above
+# (common.log_redaction), uvicorn's own loggers (its access log has the request line) included.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"redact_secrets": {"()": "common.log_redaction.RedactSecrets"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["redact_secrets"]}},
     "root": {"handlers": ["console"], "level": ENV.get("LOG_LEVEL", "INFO")},
     "loggers": {
         "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
         "django.server": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "uvicorn.error": {"handlers": ["console"], "propagate": False},
+        "uvicorn.access": {"handlers": ["console"], "propagate": False},
     },
 }

@@ -1,0 +1,73 @@
+"""One real uvicorn process for the hostile-input and log tests (tests/security/test_hostile_*.py).
+
+The embedded mode on its own SQLite file (the real model on the CPU), with
+what the hostile tests need set: a body deadline of 1 s, an Origin
+allow-list, DEBUG logging with uvicorn's access log on, and its own random
+SECRET_KEY, API key pepper and admin password, so that the log test knows
+every secret the process holds. Its port is taken from 8800-8849.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+from tests.e2e.processes import Proc, api_key_new, http_wait, manage, process_env
+
+PORTS = range(8800, 8850)
+ALLOWED_ORIGIN = "https://app.example.com"
+BODY_TIMEOUT_S = 1
+
+
+def port_free() -> int:
+    for port in PORTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORTS}")
+
+
+class HostileServer:
+    def __init__(self, tmp: Path) -> None:
+        self.secrets = {
+            "SECRET_KEY": secrets.token_urlsafe(50),
+            "API_KEY_PEPPER": secrets.token_urlsafe(40),
+            "ADMIN_PASSWORD": "adm-" + secrets.token_urlsafe(18),
+        }
+        self.env = process_env(
+            DATABASE_URL=f"sqlite:///{tmp / 'hostile.sqlite3'}", ENGINE_KV_CACHE_MB="128", LOG_LEVEL="DEBUG",
+            REQUEST_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S), WEBSOCKET_ALLOWED_ORIGINS=ALLOWED_ORIGIN,
+            **self.secrets,
+        )
+        manage(self.env, "migrate", "--noinput", "-v", "0")
+        manage(self.env, "bootstrap", "--admin-password", self.secrets["ADMIN_PASSWORD"])
+        self.keys = {tier: api_key_new(self.env, tenant=f"h-{tier}", tier=tier) for tier in ("free", "pro")}
+        self.port = port_free()
+        command = [sys.executable, "-m", "uvicorn", "platform_site.asgi:application", "--host", "127.0.0.1",
+                   "--port", str(self.port), "--lifespan", "off"]  # with the access log, as deployed
+        self.log_path = tmp / "hostile-web.log"
+        self.proc = Proc("hostile-web", command, self.env, self.log_path)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/realtime"
+        http_wait(f"{self.url}/healthz", self.proc)
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def hostile_server_shared(tmp_path_factory, config) -> HostileServer:
+    """One per test session, for the modules that need it."""
+    server = getattr(config, "_hostile_server", None)
+    if server is None:
+        server = HostileServer(tmp_path_factory.mktemp("hostile"))
+        config._hostile_server = server
+        config.add_cleanup(server.stop)
+    return server
