@@ -101,8 +101,8 @@ MIDDLEWARE = [
     # login throttling (django-axes): last, as its docs ask
     "axes.middleware.AxesMiddleware",
 ]
-# django-axes checks (and counts) every login before the model backend does.
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+# django-axes checks (and counts) every login made with a request before the model backend does.
+AUTHENTICATION_BACKENDS = ["tenants.auth.LoginThrottleBackend", "django.contrib.auth.backends.ModelBackend"]
 
 ROOT_URLCONF = "platform_site.urls"
 ASGI_APPLICATION = "platform_site.asgi.application"
