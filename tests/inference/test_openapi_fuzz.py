@@ -1,8 +1,8 @@
 """Schemathesis against a live server, driven by its own /v1/openapi.json: no 5xx, every response conforms.
 
-One uvicorn process in the embedded mode (the real model on the CPU), on
-SQLite under `make test` and on its own PostgreSQL database under `make
-test-postgres` (named after DATABASE_URL's, with a `_fuzz` suffix). Every
+The server of the hostile-input tests (tests/security/hostile_server.py: the
+embedded mode, the real model on the CPU), on SQLite under `make test` and
+on its own PostgreSQL database under `make test-postgres`. Every
 operation of the document gets a bounded number of generated requests,
 valid and invalid (Schemathesis' positive and negative modes), with a
 tenant's key; the checks are: not a server error, a documented status, a
@@ -17,7 +17,6 @@ else is changed.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import httpx
@@ -31,7 +30,8 @@ from schemathesis.specs.openapi.checks import (
     content_type_conformance, response_schema_conformance, status_code_conformance,
 )
 
-from tests.e2e.processes import MODEL, EmbeddedServer
+from tests.e2e.processes import MODEL
+from tests.security.hostile_server import hostile_server_shared
 
 pytestmark = [pytest.mark.slow]
 
@@ -43,16 +43,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 SHORT_TEXT = {"type": "string", "maxLength": 40}
 
 
-def fuzz_database_url() -> str | None:
-    url = os.environ.get("DATABASE_URL", "")
-    return f"{url}_fuzz" if url.startswith("postgres") else None
-
-
 @pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory):
-    server = EmbeddedServer(tmp_path_factory.mktemp("openapi_fuzz"), database_url=fuzz_database_url())
-    yield server
-    server.stop()
+def fuzz_server(tmp_path_factory, pytestconfig):
+    return hostile_server_shared(tmp_path_factory, pytestconfig)
 
 
 def narrowed(document: dict) -> dict:
@@ -76,7 +69,7 @@ def narrowed(document: dict) -> dict:
 
 
 def _run(operation, mode: GenerationMode, server, statuses: Counter) -> None:
-    headers = {"Authorization": f"Bearer {server.keys['pro']}"}
+    headers = {"Authorization": f"Bearer {server.keys['enterprise']}"}  # a tenant of its own
 
     examples = MAX_EXAMPLES_GENERATING if operation.label in GENERATING else MAX_EXAMPLES
 

@@ -5,6 +5,11 @@ import pytest
 
 pytestmark = pytest.mark.django_db
 
+
+@pytest.fixture(autouse=True)
+def _fast_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # many logins per test
+
 PASSWORD = "right-Passw0rd-for-tests"
 
 
