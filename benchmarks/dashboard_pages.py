@@ -130,7 +130,7 @@ def main() -> None:
     pages = {
         "overview": (client, f"{base}/"),
         "usage_30d": (client, f"{base}/usage/"),
-        "usage_30d_one_key": (client, f"{base}/usage/?key={keys[0].pk}&model={models[1]}"),
+        "usage_30d_one_key": (client, f"{base}/usage/?key={keys[0].public_id}&model={models[1]}"),
         "usage_92d": (client, f"{base}/usage/?start={today - timedelta(days=91)}&end={today}"),
         "usage_csv_30d": (client, f"{base}/usage.csv"),
         "keys": (client, f"{base}/keys/"),

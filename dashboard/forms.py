@@ -23,7 +23,7 @@ class UsageFilterForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.today = today
         self.fields["model"].choices = [("", "all models"), *[(name, name) for name in models]]
-        self.fields["key"].choices = [("", "all keys"), *[(str(key.pk), f"{key.name} ({key.redacted})") for key in keys]]
+        self.fields["key"].choices = [("", "all keys"), *[(key.public_id, f"{key.name} ({key.redacted})") for key in keys]]
 
     def clean(self):
         data = super().clean()

@@ -57,7 +57,7 @@ def keys(request, slug: str):
 
 @login_required
 @require_POST
-def key_revoke(request, slug: str, key_id: int):
+def key_revoke(request, slug: str, key_id: str):
     membership = membership_or_404(request, slug)
     api_key = api_key_get(tenant=membership.tenant, key_id=key_id)
     if api_key is None:

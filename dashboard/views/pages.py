@@ -56,7 +56,8 @@ def _usage(request, membership) -> tuple[UsageFilterForm, dict | None]:
     data = form.cleaned_data
     days = days_between(first=data["start"], last=data["end"], tz=tenant.timezone)
     models = (data["model"],) if data.get("model") else ()
-    key_ids = (int(data["key"]),) if data.get("key") else ()
+    key = next((key for key in keys if key.public_id == data.get("key")), None)
+    key_ids = (key.pk,) if key else ()
     sums = usage_by_day(tenant=tenant, days=days, models=models, api_key_ids=key_ids)
     latency = latency_by_day(tenant=tenant, days=days, models=models, api_key_ids=key_ids)
     rows = []
@@ -71,7 +72,7 @@ def _usage(request, membership) -> tuple[UsageFilterForm, dict | None]:
     total_femtos = sum(sums[day]["cost_femtos"] for day in days.days)
     return form, {
         "timezone": tenant.timezone, "start": data["start"].isoformat(), "end": data["end"].isoformat(),
-        "model": data.get("model") or None, "api_key_id": key_ids[0] if key_ids else None, "days": rows,
+        "model": data.get("model") or None, "api_key": key.public_id if key else None, "days": rows,
         "total_spend_usd": usd_str(total_femtos),
     }
 
@@ -97,7 +98,7 @@ def usage_csv(request, slug: str):
     response["Content-Disposition"] = f'attachment; filename="usage-{slug}-{data["start"]}-{data["end"]}.csv"'
     writer = csv.writer(response)
     writer.writerow([f"# timezone {data['timezone']}; model {data['model'] or 'all'}; "
-                     f"api key {data['api_key_id'] or 'all'}"])
+                     f"api key {data['api_key'] or 'all'}"])
     writer.writerow(USAGE_COLUMNS)
     for row in data["days"]:
         writer.writerow([row[column] if row[column] is not None else "" for column in USAGE_COLUMNS])

@@ -80,7 +80,7 @@ def main() -> None:
         users[username] = PASSWORD
     print(json.dumps({
         "users": users, "invoices": invoices,
-        "globex_key_id": globex.api_keys.order_by("pk").values_list("pk", flat=True).first(),
+        "globex_key_id": globex.api_keys.order_by("pk").values_list("public_id", flat=True).first(),
     }))
 
 

@@ -151,7 +151,7 @@ def test_every_form_refuses_a_post_without_its_csrf_token(new_page, browser, sit
              ("/accounts/password_change/", {"old_password": "x", "new_password1": "y", "new_password2": "y"}),
              ("/accounts/logout/", {})]
     with sqlite3.connect(site["database"]) as conn:
-        key_id = conn.execute("SELECT k.id FROM tenants_apikey k JOIN tenants_tenant t ON t.id = k.tenant_id "
+        key_id = conn.execute("SELECT k.public_id FROM tenants_apikey k JOIN tenants_tenant t ON t.id = k.tenant_id "
                               "WHERE t.slug = 'acme' AND k.revoked_at IS NULL").fetchone()[0]
     forms.append((f"/dashboard/acme/keys/{key_id}/revoke/", {}))
     for path, body in forms:

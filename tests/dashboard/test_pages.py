@@ -71,8 +71,8 @@ def test_other_tenants_pages_are_404(two_tenants, member_factory):
              reverse("invoice-csv", args=[invoice_b.pk]), reverse("dashboard:invoice", args=[a.slug, invoice_b.pk])]
     for url in urls:
         assert client.get(url).status_code == 404, url
-    assert client.post(reverse("dashboard:key-revoke", args=[b.slug, key_b.pk])).status_code == 404
-    assert client.post(reverse("dashboard:key-revoke", args=[a.slug, key_b.pk])).status_code == 404
+    assert client.post(reverse("dashboard:key-revoke", args=[b.slug, key_b.public_id])).status_code == 404
+    assert client.post(reverse("dashboard:key-revoke", args=[a.slug, key_b.public_id])).status_code == 404
     assert client.post(reverse("dashboard:keys", args=[b.slug]), {"name": "x"}).status_code == 404
     key_b.refresh_from_db()
     assert key_b.revoked_at is None and not ApiKey.objects.filter(name="x").exists()
@@ -86,7 +86,7 @@ def test_key_created_shown_once_then_revoked(tenant, member_factory):
     key = ApiKey.objects.get(tenant=tenant, name="ci")
     assert key.scopes == ["inference"] and key.requests_per_minute == 7 and response["Cache-Control"] == "no-store"
     assert secret not in client.get(url).content.decode()
-    client.post(reverse("dashboard:key-revoke", args=[tenant.slug, key.pk]))
+    client.post(reverse("dashboard:key-revoke", args=[tenant.slug, key.public_id]))
     key.refresh_from_db()
     assert key.revoked_at is not None
 
@@ -115,7 +115,7 @@ def test_forms_refuse_without_csrf(tenant, member_factory):
     client.force_login(user)
     key = ApiKey.objects.create(tenant=tenant, name="k", prefix="sk-cccccccccc", last_four="cccc", secret_hash="x")
     for url, body in [(reverse("dashboard:keys", args=[tenant.slug]), {"name": "x"}),
-                      (reverse("dashboard:key-revoke", args=[tenant.slug, key.pk]), {}),
+                      (reverse("dashboard:key-revoke", args=[tenant.slug, key.public_id]), {}),
                       (reverse("dashboard:settings", args=[tenant.slug]), {"monthly_budget_usd": "1"}),
                       (reverse("password_change"), {}), (reverse("logout"), {})]:
         assert client.post(url, body).status_code == 403, url

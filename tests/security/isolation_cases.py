@@ -27,6 +27,11 @@ from tests.conftest import bearer
 PUBLIC: dict[str, str] = {
     "healthz": "load balancer health check: no tenant data",
     "v1/openapi.json": "the API's OpenAPI document: no tenant data",
+    "accounts/login/": "the dashboard's login form: no tenant data",
+    "accounts/logout/": "ends the caller's own session",
+    "accounts/password_change/": "changes the caller's own password",
+    "accounts/password_change/done/": "a confirmation page: no tenant data",
+    "dashboard/assets/plotly.min.js": "the charting library's code, read from the installed package: no tenant data",
 }
 CASES: dict[str, Callable] = {}
 
@@ -172,6 +177,76 @@ def invoice_page(w: World) -> None:
 def invoice_csv(w: World) -> None:
     _not_found(w.browser_a.get(f"/billing/invoices/{w.b.invoice.pk}.csv"))
     assert w.browser_a.get(f"/billing/invoices/{w.a.invoice.pk}.csv").status_code == 200
+
+
+# ---------------------------------------------------------------- the tenant dashboard (A's member, B's pages)
+def _b_page(w: World, suffix: str) -> None:
+    """B's page answers 404 to A's member; A's own page answers 200 (the 404 is isolation, not a broken page)."""
+    _not_found(w.browser_a.get(f"/dashboard/{w.b.tenant.slug}/{suffix}"))
+    assert w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/{suffix}").status_code == 200
+
+
+@case("dashboard/")
+def dashboard_home(w: World) -> None:
+    response = w.browser_a.get("/dashboard/")
+    assert response.status_code == 302 and response["Location"] == f"/dashboard/{w.a.tenant.slug}/"
+
+
+@case("dashboard/<slug:slug>/")
+def dashboard_overview(w: World) -> None:
+    _b_page(w, "")
+
+
+@case("dashboard/<slug:slug>/usage/")
+def dashboard_usage(w: World) -> None:
+    _b_page(w, "usage/")
+    # A's usage page filtered by B's key: not one of A's keys, so a form error, never B's figures
+    page = w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/usage/", {"key": w.b.api_key.public_id,
+                                                                    "start": "2026-09-01", "end": "2026-09-30"})
+    assert page.status_code == 200 and b'id="usage-data"' not in page.content
+
+
+@case("dashboard/<slug:slug>/usage.csv")
+def dashboard_usage_csv(w: World) -> None:
+    _b_page(w, "usage.csv")
+
+
+@case("dashboard/<slug:slug>/keys/")
+def dashboard_keys(w: World) -> None:
+    from tenants.models import ApiKey
+
+    _b_page(w, "keys/")
+    _not_found(w.browser_a.post(f"/dashboard/{w.b.tenant.slug}/keys/", {"name": "planted"}))
+    assert not ApiKey.objects.filter(name="planted").exists()
+
+
+@case("dashboard/<slug:slug>/keys/<str:key_id>/revoke/")
+def dashboard_key_revoke(w: World) -> None:
+    for slug in (w.b.tenant.slug, w.a.tenant.slug):
+        _not_found(w.browser_a.post(f"/dashboard/{slug}/keys/{w.b.api_key.public_id}/revoke/"))
+    w.b.api_key.refresh_from_db()
+    assert w.b.api_key.revoked_at is None
+
+
+@case("dashboard/<slug:slug>/settings/")
+def dashboard_settings(w: World) -> None:
+    _b_page(w, "settings/")
+    _not_found(w.browser_a.post(f"/dashboard/{w.b.tenant.slug}/settings/", {"monthly_budget_usd": "1"}))
+    w.b.tenant.refresh_from_db()
+    assert w.b.tenant.monthly_spend_limit_micros == 0
+
+
+@case("dashboard/<slug:slug>/invoices/")
+def dashboard_invoices(w: World) -> None:
+    _b_page(w, "invoices/")
+    assert w.b.invoice.number.encode() not in w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/invoices/").content
+
+
+@case("dashboard/<slug:slug>/invoices/<int:invoice_id>/")
+def dashboard_invoice(w: World) -> None:
+    for slug in (w.b.tenant.slug, w.a.tenant.slug):
+        _not_found(w.browser_a.get(f"/dashboard/{slug}/invoices/{w.b.invoice.pk}/"))
+    assert w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/invoices/{w.a.invoice.pk}/").status_code == 200
 
 
 # ---------------------------------------------------------------- WebSocket
