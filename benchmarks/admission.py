@@ -17,7 +17,9 @@
    step as `job_ending` makes them, written in one insert, then their
    reservations settled): per step of --batch records (a pipelined step) and
    of 1, on the in-process backend and on Redis, interleaved; the median
-   insert, the median settlement and the median of the steps' ratios.
+   insert, the median settlement and the median of the steps' ratios (wall
+   time), and the finisher thread's own CPU time in each (no waiting for
+   PostgreSQL or Redis: what a shared, noisy machine distorts least).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/llm_admission REDIS_URL=redis://127.0.0.1:6379/7 \\
         python benchmarks/admission.py [--processes 4 --requests 50 --rounds 5 --calls 400 --json]
@@ -167,16 +169,18 @@ def _settle_all(auth, request_ids: list[str]) -> None:
 
 def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
     """Per step: the worker's insert of its records, then their settlement; both backends, batch and 1, interleaved."""
-    from billing.admission import reset_admission_backend
+    from billing.admission import get_admission_backend, reset_admission_backend
     from billing.admission.memory import MemoryAdmission
     from billing.services.admission import aadmission_reserve, admission_settle_records
     from inference.worker.finish import _usage_records_write
 
     auth = _auth(tenant_id)
-    backends = {"memory": MemoryAdmission(), "redis": None}
+    reset_admission_backend()
+    backends = {"memory": MemoryAdmission(), "redis": get_admission_backend()}  # each with its connections kept
     cases = [(name, size) for name in backends for size in (batch, 1)]
     insert_s: dict = {case: [] for case in cases}
     settle_s: dict = {case: [] for case in cases}
+    cpu_s: dict = {case: [] for case in cases}  # (insert, settle) CPU of this thread: no waits for the servers
 
     async def reserve(request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -188,15 +192,16 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
             request_ids = [uuid.uuid4().hex for _ in range(size)]
             asyncio.run(reserve(request_ids))
             records = _records(auth, request_ids)
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time()
             if not _usage_records_write(records):
                 raise RuntimeError("the usage records were not written")
-            inserted = time.perf_counter()
+            inserted, inserted_cpu = time.perf_counter(), time.thread_time()
             admission_settle_records(records)
-            settled = time.perf_counter()
+            settled, settled_cpu = time.perf_counter(), time.thread_time()
             if step >= 3:
                 insert_s[(name, size)].append(inserted - started)
                 settle_s[(name, size)].append(settled - inserted)
+                cpu_s[(name, size)].append((inserted_cpu - started_cpu, settled_cpu - inserted_cpu))
     reset_admission_backend()
     rows = []
     for case in cases:
@@ -207,6 +212,8 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
             "settle_p50_us": round(statistics.median(settles) * 1e6, 1),
             "settle_per_record_p50_us": round(statistics.median(settles) * 1e6 / case[1], 1),
             "settle_over_insert_pct": round(statistics.median(s / i for s, i in zip(settles, inserts)) * 100, 2),
+            "insert_cpu_p50_us": round(statistics.median(i for i, _ in cpu_s[case]) * 1e6, 1),
+            "settle_cpu_p50_us": round(statistics.median(s for _, s in cpu_s[case]) * 1e6, 1),
         })
     return rows
 
@@ -296,7 +303,8 @@ def main() -> None:
     for row in result.get("settle", []):
         print(f"  settle, {row['backend']:6}, {row['records_per_step']:3d} records per step: insert p50 "
               f"{row['insert_p50_us']} us, settle p50 {row['settle_p50_us']} us, settle / insert (median of "
-              f"{row['steps']} steps) {row['settle_over_insert_pct']}%")
+              f"{row['steps']} steps) {row['settle_over_insert_pct']}%; CPU of the thread: insert "
+              f"{row['insert_cpu_p50_us']} us, settle {row['settle_cpu_p50_us']} us")
 
 
 if __name__ == "__main__":
