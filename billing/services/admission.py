@@ -212,14 +212,11 @@ def admission_settle_records(records: list[dict]) -> bool:
     if not records or not settings.ADMISSION_ENABLED:
         return True
     from billing.services.admission_ledger import budget_alerts_check, record_actual
-    from billing.services.price_cache import pricing_snapshot
 
     backend = get_admission_backend()
     try:
-        snapshot = pricing_snapshot()
-        items = [(record["request_id"], record_actual(record, snapshot)) for record in records]
-        results = backend.settle_many(items)
-        after = [counter for result in results if result for counter in result]
+        items = [(record["request_id"], record_actual(record)) for record in records]
+        after = backend.settle_many(items)
         if after:
             due = budget_alerts_check(backend=backend, after=after, percents=settings.BUDGET_ALERT_PERCENTS,
                                       ttl_s=40 * 86400)

@@ -92,16 +92,20 @@ def counter_rebuild(*, backend, key: str, start: datetime, end: datetime, ttl_s:
 def record_actual(record: dict, snapshot=None) -> Actual:
     """What a usage record (its `usage_record_fields` arguments) used, in each kind's unit."""
     from billing.services.costs import instant
+    from billing.services.price_cache import pricing_snapshot
 
     prompt, cached = int(record.get("prompt_tokens") or 0), int(record.get("cached_tokens") or 0)
     completion, reason = int(record.get("completion_tokens") or 0), record["finish_reason"]
     cached = min(max(0, cached), prompt)
     charged = is_charged(finish_reason=reason, completion_tokens=completion)
-    _, _, cost = usage_cost(
-        model=record["model"], tier=record["tier"], admitted_at=instant(record.get("admitted_at")),
-        prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, finish_reason=reason,
-        snapshot=snapshot,
-    )
+    costing = record.get("costing")  # the worker's, computed once for the record and the client
+    if costing is None:
+        costing = usage_cost(
+            model=record["model"], tier=record["tier"], admitted_at=instant(record.get("admitted_at")),
+            prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, finish_reason=reason,
+            snapshot=snapshot or pricing_snapshot(),
+        )
+    cost = costing[2]
     return Actual(tokens=prompt - cached + completion, quota=prompt + completion if charged else 0,
                   spend=femtos_to_nanos(cost.total))
 

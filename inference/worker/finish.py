@@ -153,19 +153,24 @@ def job_ending(
         timing.engine_queued_s = getattr(engine_timing, "queued_s", None)
         timing.engine_ttft_s = getattr(engine_timing, "ttft_s", None)
         timing.engine_e2e_s = getattr(engine_timing, "e2e_s", None)
+    costing = _costing(record)
+    if costing is not None:  # one costing for the record, its settlement and the client's usage.cost
+        record["costing"] = costing
+    cost = costing[2].as_usd() if costing is not None else None
     done = Done(request_id=job.request_id, finish_reason=finish_reason,
-                usage=Usage(prompt_tokens, cached_tokens, completion_tokens, cost=_cost(record)), timing=timing,
+                usage=Usage(prompt_tokens, cached_tokens, completion_tokens, cost=cost), timing=timing,
                 error=error, error_param=error_param, seq=seq)
     return record, done
 
 
-def _cost(record: dict[str, Any]) -> dict[str, str] | None:
-    """The client's `usage.cost`, by the rule that costs the record; None (no cost shown) if pricing fails."""
-    from billing.services.costs import usage_cost_usd
+def _costing(record: dict[str, Any]) -> tuple | None:
+    """The request's costing (billing.services.costs.usage_cost); None (no cost shown, the insert
+    costs the record itself) if pricing fails."""
+    from billing.services.costs import instant, usage_cost
 
     try:
-        cost = usage_cost_usd(
-            model=record["model"], tier=record["tier"], admitted_at=record["admitted_at"],
+        costing = usage_cost(
+            model=record["model"], tier=record["tier"], admitted_at=instant(record["admitted_at"]),
             prompt_tokens=record["prompt_tokens"], cached_tokens=record["cached_tokens"],
             completion_tokens=record["completion_tokens"], finish_reason=record["finish_reason"],
         )
@@ -173,7 +178,7 @@ def _cost(record: dict[str, Any]) -> dict[str, str] | None:
         _pricing_outage.failed(f"{record['request_id']}: {exc!r}")
         return None
     _pricing_outage.ok()
-    return cost
+    return costing
 
 
 def job_finish(*, job: Job, sink: EventSink, **ending: Any) -> None:

@@ -95,9 +95,12 @@ class Spool:
 
     # ------------------------------------------------------------ the hot path
     def add(self, records: list[dict[str, Any]]) -> None:
-        """Keep `records` on disk (fsynced) until `done`."""
+        """Keep `records` on disk (fsynced) until `done`. A record's `costing` (the worker's priced
+        objects, reused by the first write) stays in memory: a record written from the spool is priced
+        again by the insert, from its own fields, to the same amount."""
         now = time.time()
-        rows = [(r["request_id"], json.dumps(r, default=str), now) for r in records]
+        rows = [(r["request_id"], json.dumps({k: v for k, v in r.items() if k != "costing"}), now)
+                for r in records]
         with self._db_lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany("INSERT OR IGNORE INTO pending (request_id, record, added_at) VALUES (?, ?, ?)", rows)

@@ -168,3 +168,25 @@ def test_a_reply_channel_is_judged_dead_only_after_its_key_is_gone_for_the_timeo
     alive.discard("b")
     assert watch.unheard(active, 3.0) == (set(), set())
     assert watch.unheard(active, 6.0) == ({"b"}, {"r2", "r3"})
+
+
+def test_a_spooled_record_leaves_its_in_memory_costing_behind(tmp_path):
+    """The worker's costing (priced objects, reused by the first write) is not JSON: the spool keeps the record's
+    own fields, and a write from the spool prices the record again (billing.services.costs.usage_rows_cost)."""
+    written: list[dict] = []
+    down = {"db": True}
+
+    def write(records):
+        if down["db"]:
+            raise ConnectionLost("connection refused")
+        written.extend(records)
+
+    spool = Spool(tmp_path, write=write, settle=lambda records: True)
+    record = {"request_id": "r-costed", "completion_tokens": 3, "created_at": 1764120000.25,
+              "costing": (object(), 1, object())}
+    spool.add([record])
+    assert spool.process([record]) == (False, False) and spool.pending() == 1
+    down["db"] = False
+    assert spool.flush_once() == 0
+    assert written == [{"request_id": "r-costed", "completion_tokens": 3, "created_at": 1764120000.25}]
+    spool.close()
