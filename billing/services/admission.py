@@ -213,8 +213,7 @@ def admission_settle_records(records: list[dict]) -> None:
         results = backend.settle_many(items)
         after = [counter for result in results if result for counter in result]
         if after:
-            due = budget_alerts_check(backend=backend, after=after, percents=settings.BUDGET_ALERT_PERCENTS,
-                                      ttl_s=40 * 86400)
+            due = budget_alerts_check(backend=backend, after=after, ttl_s=40 * 86400)
             for scope, period, percent, used, limit in due:
                 _alert_enqueue(scope=scope, period=period, percent=percent, used=used, limit=limit)
     except Exception:  # noqa: BLE001 - the stale sweep settles what this could not
