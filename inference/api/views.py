@@ -27,7 +27,7 @@ from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from common.errors import ApiError, InvalidRequest, error_body, error_json_response
+from common.errors import ApiError, InvalidRequest, count_error, error_body, error_json_response
 from inference.api.events import JobRun, job_chunks
 from inference.api.parsing import json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
@@ -91,10 +91,13 @@ async def _stream(run: JobRun, builder: ResponseBuilder) -> AsyncIterator[bytes]
                 yield b": keep-alive\n\n" if chunk is None else _sse(chunk)
         yield b"data: [DONE]\n\n"
     except ApiError as exc:
+        count_error(exc.status_code, exc.body())
         yield _sse(exc.body())
     except Exception:  # a bug after headers went out: still end with an error event
         logger.exception("stream of %s failed", run.request_id)
-        yield _sse(error_body("The server had an error while processing your request.", error_type="server_error"))
+        body = error_body("The server had an error while processing your request.", error_type="server_error")
+        count_error(500, body)
+        yield _sse(body)
 
 
 class _JobStreamingResponse(StreamingHttpResponse):
@@ -137,9 +140,9 @@ async def _serve(request, endpoint: str) -> HttpResponse:
             response["Allow"] = "POST"
     except Exception:
         logger.exception("request %s failed", request_id)
-        response = JsonResponse(
-            error_body("The server had an error while processing your request.", error_type="server_error"), status=500
-        )
+        body = error_body("The server had an error while processing your request.", error_type="server_error")
+        count_error(500, body)
+        response = JsonResponse(body, status=500)
     if prepared is not None and prepared.admission is not None:
         for name, value in prepared.admission.headers.items():  # x-ratelimit-*: streamed, they go with the first bytes
             response[name] = value
