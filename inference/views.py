@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -18,6 +19,22 @@ from inference.selectors import served_model_get_for_tier, served_model_list_for
 from tenants.openapi import ref
 
 logger = logging.getLogger(__name__)
+
+
+def livez(request):
+    """Liveness: 200 while the process answers (restart it when this fails); checks nothing else."""
+    return JsonResponse({"status": "ok"})
+
+
+def readyz(request):
+    """Readiness: 200 only when this process can serve a completion now: the database and Redis answer
+    and a worker with its model loaded (heartbeat status "serving") serves the default model; else 503
+    with what is missing (take it out of the load balancer meanwhile)."""
+    from inference.selectors import readiness
+
+    checks = readiness(model=settings.DEFAULT_MODEL)
+    ready = all(value == "ok" for value in checks.values())
+    return JsonResponse({"status": "ok" if ready else "unavailable", **checks}, status=200 if ready else 503)
 
 
 def healthz(request):

@@ -26,6 +26,8 @@ from tests.conftest import bearer
 
 PUBLIC: dict[str, str] = {
     "healthz": "load balancer health check: no tenant data",
+    "livez": "liveness probe: no tenant data",
+    "readyz": "readiness probe (database, Redis, a serving worker): no tenant data",
     "v1/openapi.json": "the API's OpenAPI document: no tenant data",
     "accounts/login/": "the dashboard's login form: no tenant data",
     "accounts/logout/": "ends the caller's own session",
