@@ -218,8 +218,7 @@ def admission_settle_records(records: list[dict]) -> bool:
         items = [(record["request_id"], record_actual(record)) for record in records]
         after = backend.settle_many(items)
         if after:
-            due = budget_alerts_check(backend=backend, after=after, percents=settings.BUDGET_ALERT_PERCENTS,
-                                      ttl_s=40 * 86400)
+            due = budget_alerts_check(backend=backend, after=after, ttl_s=40 * 86400)
             for scope, period, percent, used, limit in due:
                 _alert_enqueue(scope=scope, period=period, percent=percent, used=used, limit=limit)
     except Exception as exc:  # noqa: BLE001 - Redis or (prices) PostgreSQL down: the caller settles again later

@@ -29,7 +29,7 @@ from django.db import close_old_connections
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from common.errors import ApiError, InvalidRequest, ServiceUnavailable, error_body, error_json_response
+from common.errors import ApiError, InvalidRequest, ServiceUnavailable, count_error, error_body, error_json_response
 from common.outage import Outage, connection_lost
 from inference.api.events import JobRun, job_chunks
 from inference.api.parsing import json_object_parse
@@ -95,10 +95,13 @@ async def _stream(run: JobRun, builder: ResponseBuilder) -> AsyncIterator[bytes]
                 yield b": keep-alive\n\n" if chunk is None else _sse(chunk)
         yield b"data: [DONE]\n\n"
     except ApiError as exc:
+        count_error(exc.status_code, exc.body())
         yield _sse(exc.body())
     except Exception:  # a bug after headers went out: still end with an error event
         logger.exception("stream of %s failed", run.request_id)
-        yield _sse(error_body("The server had an error while processing your request.", error_type="server_error"))
+        body = error_body("The server had an error while processing your request.", error_type="server_error")
+        count_error(500, body)
+        yield _sse(body)
 
 
 class _JobStreamingResponse(StreamingHttpResponse):
@@ -148,9 +151,9 @@ async def _serve(request, endpoint: str) -> HttpResponse:
                 code="database_unavailable", headers={"Retry-After": "2"}))
         else:
             logger.exception("request %s failed", request_id)
-            response = JsonResponse(
-                error_body("The server had an error while processing your request.", error_type="server_error"),
-                status=500)
+            body = error_body("The server had an error while processing your request.", error_type="server_error")
+            count_error(500, body)
+            response = JsonResponse(body, status=500)
     if prepared is not None and prepared.admission is not None:
         for name, value in prepared.admission.headers.items():  # x-ratelimit-*: streamed, they go with the first bytes
             response[name] = value

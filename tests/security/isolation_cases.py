@@ -238,6 +238,13 @@ def dashboard_settings(w: World) -> None:
     assert w.b.tenant.monthly_spend_limit_micros == 0
 
 
+@case("dashboard/<slug:slug>/settings/alerts/")
+def dashboard_budget_alerts(w: World) -> None:
+    _not_found(w.browser_a.post(f"/dashboard/{w.b.tenant.slug}/settings/alerts/", {"alert_percents": "1"}))
+    w.b.tenant.refresh_from_db()
+    assert w.b.tenant.budget_alert_percents == []
+
+
 @case("dashboard/<slug:slug>/invoices/")
 def dashboard_invoices(w: World) -> None:
     _b_page(w, "invoices/")
