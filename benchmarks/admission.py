@@ -172,7 +172,7 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
     from billing.admission import get_admission_backend, reset_admission_backend
     from billing.admission.memory import MemoryAdmission
     from billing.services.admission import aadmission_reserve, admission_settle_records
-    from inference.worker.finish import _usage_records_write
+    from inference.worker.finish import usage_records_write
 
     auth = _auth(tenant_id)
     reset_admission_backend()
@@ -186,15 +186,18 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
         for request_id in request_ids:
             await aadmission_reserve(auth=auth, request_id=request_id, model=MODEL, prompt_tokens=100, max_tokens=50)
 
+    # One event loop for every reservation, as in a web process: a loop per step would make a new asyncio Redis
+    # client per step (they belong to their loop), and the old one's teardown would land in the timed settle.
+    loop = asyncio.new_event_loop()
+
     for step in range(steps + 3):  # the first 3 warm up (counters rebuilt, scripts loaded, snapshot read)
         for name, size in cases:
             reset_admission_backend(backends[name])
             request_ids = [uuid.uuid4().hex for _ in range(size)]
-            asyncio.run(reserve(request_ids))
+            loop.run_until_complete(reserve(request_ids))
             records = _records(auth, request_ids)
             started, started_cpu = time.perf_counter(), time.thread_time()
-            if not _usage_records_write(records):
-                raise RuntimeError("the usage records were not written")
+            usage_records_write(records)  # raises if the records were not written
             inserted, inserted_cpu = time.perf_counter(), time.thread_time()
             admission_settle_records(records)
             settled, settled_cpu = time.perf_counter(), time.thread_time()
@@ -202,6 +205,7 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
                 insert_s[(name, size)].append(inserted - started)
                 settle_s[(name, size)].append(settled - inserted)
                 cpu_s[(name, size)].append((inserted_cpu - started_cpu, settled_cpu - inserted_cpu))
+    loop.close()
     reset_admission_backend()
     rows = []
     for case in cases:
