@@ -48,6 +48,9 @@ class EngineConfig:
     # whose token is dropped. Opt-in on every device: tested on the CPU against the synchronous
     # engine, not yet run on a GPU (its CUDA test and measurement wait for one: BENCHMARKS.md, GPU).
     async_scheduling: bool = False
+    # Batch-invariant mode: a request's tokens do not depend on the other requests of its steps
+    # (inference.engine.invariant_mode); its cost is in BENCHMARKS.md.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
