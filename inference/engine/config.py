@@ -76,6 +76,8 @@ class EngineConfig:
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("num_threads must be positive")
         check_step_order(self.async_output, self.async_scheduling)
+        if self.batch_invariant and self.dtype == "float16" and not self.device.startswith("cuda"):
+            raise ValueError("batch_invariant on the CPU takes bfloat16 or float32 (its native matmul has no float16)")
 
     @property
     def torch_dtype(self):
