@@ -86,10 +86,17 @@ class RedisAdmission(AdmissionBackend):
         return _decision(plan, self._call("ADMIT", *_plan_args(self.prefix, plan)[1:]))
 
     async def aadmit(self, plan: Plan) -> Decision:
-        try:
-            reply = await self._async_script()(keys=[], args=_plan_args(self.prefix, plan))
-        except redis.RedisError as exc:
-            raise AdmissionUnavailable(str(exc)) from exc
+        for attempt in range(2):
+            try:
+                reply = await self._async_script()(keys=[], args=_plan_args(self.prefix, plan))
+                break
+            except redis.ConnectionError as exc:
+                # After a Redis restart the pool's idle connections are dead: the first call on one fails
+                # without reaching the server (and the connection is dropped); the second takes a new one.
+                if attempt:
+                    raise AdmissionUnavailable(str(exc)) from exc
+            except redis.RedisError as exc:
+                raise AdmissionUnavailable(str(exc)) from exc
         return _decision(plan, reply)
 
     def settle(self, request_id: str, actual: Actual) -> list[CounterAfter] | None:

@@ -46,11 +46,14 @@ def usage_record_fields(
     duration_s: float = 0.0,
     worker_id: str = "",
     admitted_at: float | datetime | None = None,
+    created_at: float | datetime | None = None,
 ) -> dict[str, Any]:
     """The model fields of one request's record, checked and clamped (counts >= 0, cached <= prompt).
 
     `admitted_at` (the job's enqueued_at, unix seconds, or a datetime; default
     now) picks the price version; the cost columns are added by `usage_rows_cost`.
+    `created_at` (default now): when the request ended, also for a record written
+    later (a worker's spool after a database outage), so it counts in its own hour.
     """
     if finish_reason not in _FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {sorted(_FINISH_REASONS)}, not {finish_reason!r}")
@@ -72,6 +75,7 @@ def usage_record_fields(
         "duration_s": max(0.0, float(duration_s)),
         "worker_id": (worker_id or "")[:100],
         "admitted_at": instant(admitted_at),
+        "created_at": instant(created_at),
     }
 
 
