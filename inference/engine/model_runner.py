@@ -38,6 +38,8 @@ from inference.engine.sequence import Sequence
 
 
 class ModelRunner:
+    batch_invariant = False  # set by __init__; a class default for runners built without it (inputs-only tests)
+
     def __init__(self, model, model_config, *, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device, max_num_seqs: int = 256, max_model_len: int | None = None,
                  cuda_graphs: bool = False, batch_invariant: bool = False) -> None:
