@@ -58,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--hf-batches", default="1,16")
     p.add_argument("--llama-batch", type=int, default=64, help="sequences in llama.cpp's batched decode (0: skip)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="the engine in batch-invariant mode (inference.engine.invariant_mode)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
     p.add_argument("--peer-worker", choices=["hf", "llamacpp"], help=argparse.SUPPRESS)
     p.add_argument("--llama-no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
@@ -128,7 +130,8 @@ def bench_engine(args, log) -> dict:
     t = time.perf_counter()
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_mb=args.kv_cache_mb,
                                  max_num_seqs=max(args.concurrency, 1),
-                                 max_num_batched_tokens=args.max_num_batched_tokens))
+                                 max_num_batched_tokens=args.max_num_batched_tokens,
+                                 batch_invariant=args.batch_invariant))
     log(f"engine loaded in {time.perf_counter() - t:.1f}s ({engine.block_manager.num_blocks} KV blocks)")
     rng = random.Random(args.seed)
     vocab, banned = engine.vocab_size, set(engine.tokenizer.all_special_ids)

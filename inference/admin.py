@@ -5,8 +5,8 @@ from inference.models import ServedModel
 
 @admin.register(ServedModel)
 class ServedModelAdmin(admin.ModelAdmin):
-    list_display = ("name", "enabled", "context_length", "owned_by", "source", "created_at")
-    list_filter = ("enabled", "owned_by")
+    list_display = ("name", "enabled", "batch_invariant", "context_length", "owned_by", "source", "created_at")
+    list_filter = ("enabled", "batch_invariant", "owned_by")
     search_fields = ("name", "source")
     actions = ("enable", "disable")
 

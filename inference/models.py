@@ -14,6 +14,11 @@ class ServedModel(models.Model):
     context_length = models.PositiveIntegerField(default=8192)
     enabled = models.BooleanField(default=True)
     owned_by = models.CharField(max_length=60, default="platform")
+    batch_invariant = models.BooleanField(
+        default=False,
+        help_text="Workers serve this model in batch-invariant mode: a seeded request gives the same tokens "
+                  "whatever else runs beside it, at a throughput cost (BENCHMARKS.md). Applies when a worker "
+                  "(re)starts; responses' system_fingerprint changes with it.")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

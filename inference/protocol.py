@@ -89,22 +89,29 @@ class Timing:
 
 @dataclass(slots=True)
 class Delta:
-    """Text and tokens one engine step generated for a request (`logprobs`: one entry per token, if asked)."""
+    """Text and tokens one engine step generated for a request (`logprobs`: one entry per token, if asked).
+
+    `system_fingerprint` (a request's first delta only; absent from older workers): what decides the
+    engine's tokens, hashed (inference.engine.fingerprint); the API puts it on every response object."""
 
     request_id: str
     text: str
     token_ids: list[int]
     logprobs: list[dict] | None = None
     seq: int = 0  # this request's event number (module docstring); 0: not numbered
+    system_fingerprint: str | None = None
 
     def encode(self) -> dict[str, Any]:
-        return {"type": DELTA, "request_id": self.request_id, "text": self.text, "token_ids": self.token_ids,
+        data = {"type": DELTA, "request_id": self.request_id, "text": self.text, "token_ids": self.token_ids,
                 "logprobs": self.logprobs, "seq": self.seq}
+        if self.system_fingerprint is not None:
+            data["system_fingerprint"] = self.system_fingerprint
+        return data
 
     @classmethod
     def decode(cls, data: dict) -> Delta:
         return cls(data["request_id"], data.get("text") or "", list(data.get("token_ids") or ()), data.get("logprobs"),
-                   int(data.get("seq") or 0))
+                   int(data.get("seq") or 0), data.get("system_fingerprint"))
 
 
 @dataclass(slots=True)

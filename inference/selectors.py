@@ -32,6 +32,13 @@ async def aserved_model_get_for_tier(*, tier: Tier, name: str) -> ServedModel | 
     return await ServedModel.objects.filter(enabled=True, name=name).afirst()
 
 
+def served_model_batch_invariant(*, name: str) -> bool:
+    """Whether workers serve `name` in batch-invariant mode (its ServedModel row; False without one)."""
+    if not _plausible_name(name):
+        return False
+    return bool(ServedModel.objects.filter(name=name).values_list("batch_invariant", flat=True).first())
+
+
 def readiness(*, model: str) -> dict[str, str]:
     """What /readyz reports: "ok" or why not, for the database, the queue's Redis and the model's workers
     (a worker counts once its heartbeat says "serving": its model is loaded). The embedded mode has no

@@ -32,8 +32,9 @@ from kernels.config import current
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
-# Built into the same library (kernels/fused_ops_cpu.py and kernels/q8_matmul_cpu.py bind their functions).
-EXTRA_SOURCES = (Path(__file__).with_name("csrc") / "fused_ops.c", Path(__file__).with_name("csrc") / "q8_matmul.c")
+# Built into the same library (kernels/fused_ops_cpu.py, q8_matmul_cpu.py and fixed_matmul_cpu.py bind their
+# functions).
+EXTRA_SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("fused_ops.c", "q8_matmul.c", "fixed_matmul.c"))
 # Included by those sources: part of the library's cache key, so editing one rebuilds the library.
 HEADERS = (Path(__file__).with_name("csrc") / "bf16.h",)
 # -fno-trapping-math lets GCC if-convert (and so vectorise) loops with clamps.
@@ -171,6 +172,12 @@ def load_bound(bind) -> ctypes.CDLL | None:
         bind(lib)
         _bound.add((id(lib), bind))
     return lib
+
+
+def library_name() -> str | None:
+    """The loaded library's file name (its build identity: sources, flags, compiler, CPU); None if unavailable."""
+    lib = load()
+    return None if lib is None else Path(lib._name).name
 
 
 def available() -> bool:

@@ -44,6 +44,11 @@ class Ops:
     build_cos_sin_cache: Callable
     # rotary_embedding on q and k, then store_kv of the rotated k and v, as one op (one kernel on Triton)
     rotary_and_store_kv: Callable
+    # The batch-invariant mode's two ops (inference/engine/invariant_mode.py): x @ weight.T with one
+    # reduction order per output whatever the row count (kernels.fixed_matmul, fixed_matmul_cpu), and
+    # attention one query row at a time (kernels.row_attention).
+    fixed_matmul: Callable
+    paged_attention_rows: Callable
 
 
 def triton_available() -> bool:
@@ -90,39 +95,45 @@ def _ops(backend: str) -> Ops:
 
     if backend == "triton":
         from kernels.activation import silu_and_mul
+        from kernels.fixed_matmul import fixed_matmul
         from kernels.kv_store import store_kv
         from kernels.paged_decode_attention import paged_decode_attention
         from kernels.prefill_attention import paged_prefill_attention
         from kernels.rms_norm import fused_add_rms_norm, rms_norm
         from kernels.rotary import rotary_embedding
+        from kernels.row_attention import paged_attention_rows_triton
         from kernels.rotary_kv_store import rotary_and_store_kv
 
         return Ops(
             backend, store_kv, paged_decode_attention, paged_prefill_attention,
             rms_norm, fused_add_rms_norm, rotary_embedding, silu_and_mul,
-            build_cos_sin_cache, rotary_and_store_kv,
+            build_cos_sin_cache, rotary_and_store_kv, fixed_matmul, paged_attention_rows_triton,
         )
     from kernels.activation import silu_and_mul_ref
+    from kernels.fixed_matmul import fixed_matmul_rows
     from kernels.kv_store import store_kv_ref
     from kernels.paged_decode_attention import paged_decode_attention_ref
     from kernels.prefill_attention import paged_prefill_attention_ref
     from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
     from kernels.rotary import rotary_embedding_ref
+    from kernels.row_attention import paged_attention_rows_cpu, paged_attention_rows_ref
     from kernels.rotary_kv_store import rotary_and_store_kv_ref, rotary_then_store
 
     if backend == "cpu":
         from kernels import fused_ops_cpu as fused
+        from kernels.fixed_matmul_cpu import fixed_matmul_cpu
         from kernels.paged_decode_attention_cpu import paged_decode_attention_cpu
 
         return Ops(
             backend, fused.store_kv_cpu, paged_decode_attention_cpu, paged_prefill_attention_ref,
             fused.rms_norm_cpu, fused.fused_add_rms_norm_cpu, fused.rotary_embedding_cpu, fused.silu_and_mul_cpu,
             build_cos_sin_cache, rotary_then_store(fused.rotary_embedding_cpu, fused.store_kv_cpu),
+            fixed_matmul_cpu, paged_attention_rows_cpu,
         )
     return Ops(
         backend, store_kv_ref, paged_decode_attention_ref, paged_prefill_attention_ref,
         rms_norm_ref, fused_add_rms_norm_ref, rotary_embedding_ref, silu_and_mul_ref,
-        build_cos_sin_cache, rotary_and_store_kv_ref,
+        build_cos_sin_cache, rotary_and_store_kv_ref, fixed_matmul_rows, paged_attention_rows_ref,
     )
 
 

@@ -211,9 +211,10 @@ def events_lost(run: JobRun) -> EventsLost:
 
 
 async def job_chunks(run: JobRun, builder: ResponseBuilder, *, keepalive: bool = False) -> AsyncIterator[dict | None]:
-    """The response chunks of one job, in order: the role chunk (chat), a content chunk per `Delta`
-    with text or logprobs, the finish chunk, then the usage chunk when `builder.include_usage`;
-    with `keepalive`, None after each idle interval (settings.SSE_KEEPALIVE_S).
+    """The response chunks of one job, in order: the role chunk (chat; sent with the first event, whose
+    `system_fingerprint` every chunk then carries), a content chunk per `Delta` with text or logprobs,
+    the finish chunk, then the usage chunk when `builder.include_usage`; with `keepalive`, None after
+    each idle interval (settings.SSE_KEEPALIVE_S).
 
     Leaving early cancels the job (JobRun's context). A job that failed raises
     its ApiError after its content; one this side cancelled (`run.cancel()`, a
@@ -221,20 +222,30 @@ async def job_chunks(run: JobRun, builder: ResponseBuilder, *, keepalive: bool =
     `Done` ("abort", with the usage of what it generated) is `run.done`.
     """
     async with run:
-        first = builder.role_chunk()
-        if first is not None:
-            yield first
+        role = True  # the role chunk still to send: with the first event, which carries the fingerprint
         async for event in run.events():
             if event is None:
                 if keepalive:
                     yield None
-            elif type(event) is Delta and (event.text or event.logprobs):
+                continue
+            if role:
+                role = False
+                if type(event) is Delta and event.system_fingerprint:
+                    builder.system_fingerprint = event.system_fingerprint
+                first = builder.role_chunk()
+                if first is not None:
+                    yield first
+            if type(event) is Delta and (event.text or event.logprobs):
                 yield builder.delta_chunk(text=event.text, logprobs=event.logprobs)
     done = run.done
     if run.missing is not None:
         raise events_lost(run)
     if done.finish_reason == "abort" and run.cancelled:
         return
+    if role:  # no event came before the end
+        first = builder.role_chunk()
+        if first is not None:
+            yield first
     error = done_error(done, endpoint=builder.endpoint, max_tokens_param=builder.max_tokens_param)
     if error is not None:
         raise error

@@ -30,6 +30,7 @@ def service_tier_for(tier) -> str:
 
 @lru_cache(maxsize=256)  # on every stream chunk
 def system_fingerprint(model: str) -> str:
+    """The fingerprint of a response whose worker sent none (a worker from before it did)."""
     digest = hashlib.sha256(f"{FINGERPRINT_VERSION}:{model}".encode()).hexdigest()
     return f"fp_{digest[:10]}"
 
@@ -124,6 +125,9 @@ class ResponseBuilder:
     want_logprobs: bool = False
     max_tokens_param: str = "max_tokens"  # the name the client used, for error params
     collect: bool = False  # delta_chunk also keeps the text and logprobs for `collected()`
+    # the worker's (its engine's weights, dtype, kernels, batch invariance, version; inference.protocol.Delta),
+    # set from the first delta; None: the model-name fallback above
+    system_fingerprint: str | None = None
     _offset: int = field(default=0)
     _texts: list[str] = field(default_factory=list)
     _entries: list[dict] = field(default_factory=list)
@@ -142,7 +146,7 @@ class ResponseBuilder:
             "object": object_name,
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": system_fingerprint(self.model),
+            "system_fingerprint": self.system_fingerprint or system_fingerprint(self.model),
             "service_tier": self.service_tier,
         }
 

@@ -12,6 +12,11 @@ loads, split-KV) and the prefill kernel starts after them. Sent through the
 prefill kernel, a decode row costs a whole query tile per query head there,
 and on the CPU the reference's gather-and-pad decode path instead of the
 native decode kernel.
+
+In batch-invariant mode (`meta.batch_invariant`) every row takes
+`ops.paged_attention_rows` instead: one query row at a time over its own
+sequence's keys, the same computation for a row in any step
+(kernels/row_attention.py).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ class PagedAttention(nn.Module):
                 ops) -> torch.Tensor:
         """q [T, Hq, D] (this step's keys/values already in ``kv_cache``) -> [T, Hq * D]."""
         k_cache, v_cache = kv_cache
-        if meta.decode_only:
+        if meta.batch_invariant:
+            out = ops.paged_attention_rows(q, k_cache, v_cache, meta.row_block_tables, meta.row_seq_lens, self.scale)
+        elif meta.decode_only:
             out = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale)
         else:
             decodes = meta.num_decodes

@@ -32,6 +32,12 @@ class AttentionMetadata:
     # The first num_decodes sequences have one new token each (rows 0..num_decodes-1): a mixed step's
     # decodes, which the attention layer sends to the decode kernel. 0: no such prefix is promised.
     num_decodes: int = 0
+    # Batch-invariant mode (inference.engine.invariant_mode): matmuls through ops.fixed_matmul and
+    # attention one row at a time, each row over its own sequence's block table (row_block_tables
+    # [T, max_blocks_per_seq]) up to its own position (row_seq_lens [T] int32: position + 1).
+    batch_invariant: bool = False
+    row_block_tables: torch.Tensor | None = None
+    row_seq_lens: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -61,6 +61,9 @@ class EngineConfig:
     # GPU": its batch-256 decode step 1.21x faster than deferred outputs alone on an H100, same call) and its
     # CUDA test against the synchronous engine.
     async_scheduling: bool | None = None
+    # Batch-invariant mode: a request's tokens do not depend on the other requests of its steps
+    # (inference.engine.invariant_mode); its cost is in BENCHMARKS.md.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -86,6 +89,8 @@ class EngineConfig:
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("num_threads must be positive")
         check_step_order(self.async_output, self.async_scheduling)
+        if self.batch_invariant and self.dtype == "float16" and not self.device.startswith("cuda"):
+            raise ValueError("batch_invariant on the CPU takes bfloat16 or float32 (its native matmul has no float16)")
 
     @property
     def torch_dtype(self):

@@ -47,10 +47,13 @@ from collections.abc import Callable
 
 import torch
 
+from kernels.dispatch import get_ops
+
 from inference.engine.async_step import AsyncSchedulingSteps
 from inference.engine.block_manager import BlockManager
 from inference.engine.config import EngineConfig, resolve_step_order
 from inference.engine.detokenizer import detokenizer_for
+from inference.engine.fingerprint import system_fingerprint
 from inference.engine.logprobs import LogprobFormatter
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import RequestOutput, Timing, Usage
@@ -102,7 +105,11 @@ class Engine(StepFailures, AsyncSchedulingSteps):
         self.runner = ModelRunner(loaded.model, loaded.config, num_blocks=num_blocks,
                                   block_size=config.block_size, dtype=dtype, device=self.device,
                                   max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                  cuda_graphs=config.cuda_graphs)
+                                  cuda_graphs=config.cuda_graphs, batch_invariant=config.batch_invariant)
+        # what decides this engine's tokens, hashed (OpenAI's system_fingerprint; inference.engine.fingerprint)
+        self.system_fingerprint = system_fingerprint(weights=loaded.source.path, dtype=dtype, device=self.device,
+                                                     backend=get_ops(self.device).backend,
+                                                     batch_invariant=config.batch_invariant)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.sampler = Sampler(eos_token_id=self.eos_token_id, seed=config.seed)
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
@@ -379,6 +386,8 @@ class Engine(StepFailures, AsyncSchedulingSteps):
             "prefix_cache_queries": bm.query_tokens,
             "prefix_cache_hits": bm.hit_tokens,
             "preemptions": self.scheduler.num_preemptions,
+            "system_fingerprint": self.system_fingerprint,
+            "batch_invariant": self.config.batch_invariant,
             "prompt_tok_s": prompt_rate,
             "generation_tok_s": gen_rate,
             **self.counters,

@@ -50,13 +50,14 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, cos_sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj.forward(hidden).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        mm = ops.fixed_matmul if meta.batch_invariant else None
+        q, k, v = self.qkv_proj.forward(hidden, mm).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         # rotated q back; rotated k and v into this layer's cache blocks (one kernel on the GPU)
         q = ops.rotary_and_store_kv(positions, q.view(tokens, self.num_heads, self.head_dim),
                                     k.view(tokens, self.num_kv_heads, self.head_dim),
                                     v.view(tokens, self.num_kv_heads, self.head_dim), cos_sin, *kv_cache,
                                     meta.slot_mapping)
-        return self.o_proj.forward(self.attn.forward(q, kv_cache, meta, ops))
+        return self.o_proj.forward(self.attn.forward(q, kv_cache, meta, ops), mm)
 
 
 class LlamaMLP(nn.Module):
@@ -65,8 +66,9 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, hidden: torch.Tensor, ops) -> torch.Tensor:
-        return self.down_proj.forward(ops.silu_and_mul(self.gate_up_proj.forward(hidden)))
+    def forward(self, hidden: torch.Tensor, ops, mm=None) -> torch.Tensor:
+        """``mm``: ``ops.fixed_matmul`` in batch-invariant mode, else None (see packed_linear.Linear)."""
+        return self.down_proj.forward(ops.silu_and_mul(self.gate_up_proj.forward(hidden, mm)), mm)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -88,7 +90,7 @@ class LlamaDecoderLayer(nn.Module):
         hidden = self.self_attn.forward(positions, hidden, cos_sin, kv_cache, meta, ops)
         norm = self.post_attention_layernorm
         hidden, residual = ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
-        return self.mlp.forward(hidden, ops), residual
+        return self.mlp.forward(hidden, ops, ops.fixed_matmul if meta.batch_invariant else None), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -146,8 +148,14 @@ class LlamaForCausalLM(nn.Module):
                 module.prepack()
         self.output_prepacked = cpu_matmul.prepack(self.output_weight)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] (only the rows that need logits) -> float32 logits [N, V]."""
+    def compute_logits(self, hidden: torch.Tensor, batch_invariant: bool = False) -> torch.Tensor:
+        """hidden [N, H] (only the rows that need logits) -> float32 logits [N, V]. ``batch_invariant``:
+        one kernel for every N, reducing each row in one order: the int8 head's native kernel where the
+        model has one (its rows never interact), else the kernel set's fixed matmul."""
+        if batch_invariant:
+            if self.output_int8 is not None and hidden.is_cpu:
+                return self.output_int8.matmul(hidden)
+            return get_ops(hidden.device).fixed_matmul(hidden, self.output_weight, torch.float32)
         if self.output_int8 is not None and hidden.shape[0] <= packed_linear.INT8_MAX_ROWS and hidden.is_cpu:
             return self.output_int8.matmul(hidden)
         if self.output_prepacked is not None and hidden.dim() == 2 and hidden.dtype == self.output_weight.dtype:

@@ -16,6 +16,10 @@ the attention layers run those rows through the decode kernel.
 With async scheduling a sequence's next input may be a token the step in flight
 is still sampling (`Sequence.pending`): its input id is copied on the device from
 that step's sampled tokens (`prev_tokens`, row `Sequence.pending_row`).
+
+With `batch_invariant` (inference.engine.invariant_mode) the metadata also
+carries each row's block table and length, the model takes its batch-invariant
+kernels, and no CUDA graph is captured.
 """
 
 from __future__ import annotations
@@ -27,25 +31,29 @@ from array import array
 import torch
 
 from inference.engine.attention_metadata import AttentionMetadata
+from inference.engine.invariant_mode import rows_metadata
 from inference.engine.cuda_graphs import DecodeGraphRunner
 from inference.engine.kv_cache import allocate_kv_caches
 from inference.engine.sequence import Sequence
 
 
 class ModelRunner:
+    batch_invariant = False  # set by __init__; a class default for runners built without it (inputs-only tests)
+
     def __init__(self, model, model_config, *, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device, max_num_seqs: int = 256, max_model_len: int | None = None,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, batch_invariant: bool = False) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
         # False: a mixed step keeps the scheduler's order and sends every row through the prefill kernel
         # (the behaviour before the split; benchmarks/mixed_steps.py's peer)
         self.split_mixed = True
+        self.batch_invariant = batch_invariant
         self.kv_caches = allocate_kv_caches(model_config, num_blocks, block_size, dtype, device)
         # Decode steps replay CUDA graphs on CUDA; everything else (and the CPU) runs eagerly.
         self.graph_runner: DecodeGraphRunner | None = None
-        if device.type == "cuda" and cuda_graphs and max_model_len:
+        if device.type == "cuda" and cuda_graphs and max_model_len and not batch_invariant:
             self.graph_runner = DecodeGraphRunner(
                 model, self.kv_caches, max_batch_size=max_num_seqs,
                 max_blocks_per_seq=-(-max_model_len // block_size), device=device, capture=True)
@@ -142,6 +150,8 @@ class ModelRunner:
             decode_only=max_query_len == 1,
             num_decodes=num_decodes,
         )
+        if self.batch_invariant:
+            rows_metadata(meta, longs_t[num_tokens:2 * num_tokens], num_new_tokens)
         return ids, longs_t[num_tokens:2 * num_tokens], meta, longs_t[3 * num_tokens:at], sampling
 
     def _to_device(self, values: array, dtype: torch.dtype) -> torch.Tensor:
@@ -164,7 +174,7 @@ class ModelRunner:
             return sampling, None
         if len(sampling) != hidden.shape[0]:
             hidden = hidden.index_select(0, sample_rows)
-        logits = self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden, self.batch_invariant)
         return sampling, logits
 
 

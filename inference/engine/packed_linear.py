@@ -118,7 +118,12 @@ class Linear(nn.Linear):
     def int4_max_rows(self) -> int:
         return INT4_MAX_ROWS_UPCAST if cpu_matmul.upcast_enabled(self.weight.dtype) else INT4_MAX_ROWS
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fixed=None) -> torch.Tensor:
+        """``fixed``: the kernel set's batch-invariant matmul (``Ops.fixed_matmul``), which then multiplies
+        by the dense weight whatever the row count (inference.engine.invariant_mode)."""
+        if fixed is not None:
+            out = fixed(x, self.weight)
+            return out if self.bias is None else out + self.bias
         if self.int4_weight is not None and x.dim() == 2 and x.shape[0] <= self.int4_max_rows():
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
             return out if self.bias is None else out + self.bias

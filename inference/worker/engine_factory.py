@@ -41,4 +41,8 @@ def engine_build(
         "max_num_seqs": max_num_seqs or settings.ENGINE_MAX_NUM_SEQS,
     }
     options = {name: value for name, value in options.items() if value is not None}  # None: EngineConfig's default
+    if "batch_invariant" not in extra:  # the operator's choice for this model (admin: Served models)
+        from inference.selectors import served_model_batch_invariant
+
+        options["batch_invariant"] = served_model_batch_invariant(name=model)
     return Engine(EngineConfig(model=model, device=device, **options, **extra))

@@ -350,9 +350,10 @@ class WorkerLoop:
                 active.first_token_at = now
             active.completion_tokens += len(new_ids)
             self.heartbeats.tokens_add(len(new_ids))
-            (firsts if first else events).append(
-                (job.reply_channel,
-                 Delta(job.request_id, output.delta_text or "", new_ids, output.logprobs, seq=active.seq_take())))
+            delta = Delta(job.request_id, output.delta_text or "", new_ids, output.logprobs, seq=active.seq_take())
+            if first:
+                delta.system_fingerprint = getattr(self.engine, "system_fingerprint", None)
+            (firsts if first else events).append((job.reply_channel, delta))
         return bool(output.finished)
 
     # ------------------------------------------------------------ endings

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 class ServingEngine(Protocol):
     config: EngineConfig  # the loop reads max_num_seqs from it
     dead: str | None  # why the engine stopped for good (a broken device), else None
+    # what decides its tokens, hashed (inference.engine.fingerprint); sent with each request's events.
+    # A stand-in without one (getattr default None) leaves the API's model-name fingerprint.
+    system_fingerprint: str | None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     priority: int = 0, cache_salt: str | None = None) -> None:

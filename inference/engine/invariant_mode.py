@@ -1,0 +1,56 @@
+"""Batch-invariant mode: a row's result does not depend on the other rows of its step.
+
+Without it, the same seeded request can give other tokens when other requests
+run beside it, because a row is reduced differently depending on the step: on
+the CPU a few-row step multiplies by the packed int4 weight and a larger one by
+the dense GEMM (and a library GEMM picks its own kernel and blocking from the
+row count); the decode attention kernel splits each sequence into as many
+parts as the batch leaves threads idle; a mixed step sends its decodes to the
+decode kernel and its prompt rows to the prefill kernel, so a prompt's last
+token differs between a whole prefill and a chunked one whose last chunk is
+one token; and a token's K/V computed inside a chunk differs from the same
+token's K/V computed in a whole prefill, which the prefix cache then serves.
+
+With `EngineConfig.batch_invariant` every step is composed so that each row is
+computed the same way in any step:
+
+- every matmul (the four per layer and the LM head) goes through
+  `Ops.fixed_matmul`, which reduces each output in one fixed order whatever the
+  row count (kernels/csrc/fixed_matmul.c on the CPU, kernels/fixed_matmul.py's
+  single-configuration Triton kernel on CUDA); a bf16 model with an int8 LM
+  head keeps that head's native kernel, whose rows never interact;
+- attention runs one query row at a time over its own sequence's keys up to
+  its own position (`Ops.paged_attention_rows`, kernels/row_attention.py):
+  no split depends on the batch, and a prompt token's attention is the same
+  computation in a whole prefill, in any chunk and as a one-token decode;
+- so a token's K/V (the projection of a row that was computed the same way)
+  are the same bits whether computed in a chunk, in a whole prefill or served
+  from the prefix cache; the norms, rotary and activation kernels were already
+  per row, and the sampler's per-request generators make seeded draws
+  independent of the batch;
+- CUDA graphs are off (they replay the decode kernel).
+
+The costs (measured by benchmarks/engine_offline.py, see BENCHMARKS.md) are the
+dense weight read at every row count (no packed int4 GEMV for few rows),
+a simpler GEMM than the library's for many rows, and prefill attention read
+row by row. `rows_metadata` builds the per-row attention inputs once a step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention_metadata import AttentionMetadata
+
+
+def rows_metadata(meta: AttentionMetadata, positions: torch.Tensor, num_new_tokens: list[int]) -> None:
+    """Fill meta's row_block_tables / row_seq_lens (each row: its sequence's table; its position + 1)."""
+    meta.batch_invariant = True
+    if meta.decode_only:  # one row per sequence, at its last position: the per-sequence tensors already
+        meta.row_block_tables, meta.row_seq_lens = meta.block_tables, meta.seq_lens
+        return
+    device = positions.device
+    counts = torch.tensor(num_new_tokens, dtype=torch.int64)
+    row_seq = torch.repeat_interleave(torch.arange(len(num_new_tokens)), counts).to(device)
+    meta.row_block_tables = meta.block_tables.index_select(0, row_seq)
+    meta.row_seq_lens = (positions + 1).to(torch.int32)
