@@ -20,10 +20,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from inference.api.asgi import api_http_router  # noqa: E402
 from inference.routing import websocket_urlpatterns  # noqa: E402
 
+from inference.metrics.gateway import http_metrics  # noqa: E402
+
 application = ProtocolTypeRouter(
     {
-        # the completion endpoints skip the middleware stack (see inference/api/asgi.py)
-        "http": api_http_router(django_asgi_app),
+        # the completion endpoints skip the middleware stack (see inference/api/asgi.py); every response is
+        # counted by status (inference.metrics)
+        "http": http_metrics(api_http_router(django_asgi_app)),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

@@ -49,11 +49,14 @@ class ActiveRequest:
 def usage_records_safe(records: list[dict[str, Any]]) -> bool:
     """Write the records (`_usage_records_write`), then settle their admission reservations
     (billing.services.admission: tokens refunded, concurrency slots freed, quota and budget
-    counters corrected to the actual cost); neither ever raises."""
+    counters corrected to the actual cost), then count them (inference.metrics.requests); none
+    of it ever raises."""
     from billing.services.admission import admission_settle_records
+    from inference.metrics.requests import requests_observe
 
     written = _usage_records_write(records)
     admission_settle_records(records)
+    requests_observe(records, written=written)
     return written
 
 
