@@ -29,47 +29,45 @@ from django.conf import settings
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from .live import LiveCollector, process_figures_update
+from .live import LiveCollector, ResourceCollector, process_figures_update
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_live_registered = False
+_registered: set[str] = set()  # what this process added to the default registry
 
 
 def multiprocess_mode() -> bool:
     return bool(settings.METRICS_MULTIPROC_DIR)
 
 
-def _mark_dead_at_exit() -> None:
-    pid = os.getpid()
-    atexit.register(lambda: multiprocess.mark_process_dead(pid))
-
-
-if multiprocess_mode():
-    _mark_dead_at_exit()
+def mark_dead_at_exit() -> None:
+    """Multiprocess mode: when this process exits, its live gauges leave the sums (called as a web
+    process builds its ASGI application)."""
+    if multiprocess_mode():
+        pid = os.getpid()
+        atexit.register(lambda: multiprocess.mark_process_dead(pid))
 
 
 def _registry(*, live: bool) -> CollectorRegistry:
-    global _live_registered
     if multiprocess_mode():
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         if live:
             registry.register(LiveCollector())
         return registry
-    if live and not _live_registered:
-        with _lock:
-            if not _live_registered:
-                REGISTRY.register(LiveCollector())
-                _live_registered = True
+    with _lock:
+        wanted = {"resources": ResourceCollector, "live": LiveCollector} if live else {"resources": ResourceCollector}
+        for name, collector in wanted.items():
+            if name not in _registered:
+                REGISTRY.register(collector())
+                _registered.add(name)
     return REGISTRY
 
 
 def metrics_text(*, live: bool = True) -> tuple[bytes, str]:
     """(exposition text, content type) of this process, or of every process in multiprocess mode."""
-    if not live:
-        process_figures_update()
+    process_figures_update()  # multiprocess mode: the answering process's own figures, current
     return generate_latest(_registry(live=live)), CONTENT_TYPE_PLAIN_0_0_4  # what every Prometheus reads
 
 

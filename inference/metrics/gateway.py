@@ -56,8 +56,10 @@ def refusal_count(*, model: str, tier: str, code: str | None) -> None:
 def http_metrics(app, *, every_s: float = 5.0):
     """`app` counting its HTTP responses; it also refreshes this process's figures (open files, memory,
     database connections: inference.metrics.live) at most every `every_s` seconds, on a response's start."""
+    from .exposition import mark_dead_at_exit
     from .live import process_figures_update
 
+    mark_dead_at_exit()
     next_update = [0.0]
 
     async def wrapped(scope, receive, send):

@@ -10,9 +10,9 @@ that answers the scrape; `LiveCollector`):
 - `llmp:db_server_connections`: the database's connections to this
   database (PostgreSQL's pg_stat_activity), every process included.
 
-Per process (`process_figures_update`: gauges labelled with the pid in
-multiprocess mode; web processes refresh them on scrapes and every few
-seconds while serving, workers at each heartbeat):
+Per process (`ResourceCollector`, read when scraped; in multiprocess mode
+`process_figures_update` writes them as series labelled with the pid, web
+processes on scrapes and every few seconds while serving):
 - `llmp:process_open_fds`, `llmp:process_resident_memory_bytes`;
 - `llmp:db_pool_connections{state=open|in_use}`: this process's PostgreSQL
   pool (settings.DB_POOL); `in_use` counts connections held by threads.
@@ -35,14 +35,6 @@ from common.cache import TtlCache
 from . import PREFIX
 
 logger = logging.getLogger(__name__)
-
-PROCESS_OPEN_FDS = Gauge(f"{PREFIX}process_open_fds", "Open file descriptors of the process.",
-                         multiprocess_mode="liveall")
-PROCESS_RESIDENT_MEMORY = Gauge(f"{PREFIX}process_resident_memory_bytes", "Resident memory of the process.",
-                                multiprocess_mode="liveall")
-DB_POOL_CONNECTIONS = Gauge(f"{PREFIX}db_pool_connections",
-                            "Connections of this process's database pool: open, and in use by a thread.", ["state"],
-                            multiprocess_mode="liveall")
 
 # what the queue-depth series are labelled with: enabled models and tiers (two small tables)
 _catalogue: TtlCache[str, tuple[list[str], list[str]]] = TtlCache("metrics catalogue", ttl=30.0, max_entries=4)
@@ -72,11 +64,13 @@ def db_pool_stats() -> dict[str, int] | None:
     return {"open": size, "in_use": max(0, size - int(stats.get("pool_available", 0)))}
 
 
-def process_figures_update() -> None:
-    """Set this process's gauges (Linux /proc); never raises."""
+def process_figures() -> dict[str, float]:
+    """This process's open files, resident memory and database pool (Linux /proc); what cannot be read
+    is left out."""
+    figures: dict[str, float] = {}
     try:
-        PROCESS_OPEN_FDS.set(_open_fds())
-        PROCESS_RESIDENT_MEMORY.set(_resident_bytes())
+        figures["open_fds"] = _open_fds()
+        figures["resident_memory_bytes"] = _resident_bytes()
     except OSError:
         pass
     try:
@@ -84,9 +78,59 @@ def process_figures_update() -> None:
     except Exception:  # noqa: BLE001
         logger.debug("database pool figures unavailable", exc_info=True)
         stats = None
-    if stats is not None:
-        for state, value in stats.items():
-            DB_POOL_CONNECTIONS.labels(state).set(value)
+    for state, value in (stats or {}).items():
+        figures[f"db_{state}"] = value
+    return figures
+
+
+_HELP = {
+    "open_fds": (f"{PREFIX}process_open_fds", "Open file descriptors of the process."),
+    "resident_memory_bytes": (f"{PREFIX}process_resident_memory_bytes", "Resident memory of the process."),
+}
+_DB_HELP = (f"{PREFIX}db_pool_connections", "Connections of this process's database pool: open, and in use by a thread.")
+
+
+class ResourceCollector(Collector):
+    """This process's figures, read when scraped (single-process registries)."""
+
+    def collect(self):
+        figures = process_figures()
+        for key, (name, doc) in _HELP.items():
+            if key in figures:
+                yield GaugeMetricFamily(name, doc, value=float(figures[key]))
+        if "db_open" in figures:
+            pool = GaugeMetricFamily(*_DB_HELP, labels=["state"])
+            for state in ("open", "in_use"):
+                pool.add_metric([state], float(figures[f"db_{state}"]))
+            yield pool
+
+
+_gauges: dict[str, Gauge] = {}
+
+
+def process_figures_update() -> None:
+    """Multiprocess mode: write this process's figures to its own series (label `pid`) of the shared
+    directory. Web processes call it on scrapes and every few seconds while serving, workers at each
+    heartbeat. Without a multiprocess directory it does nothing (ResourceCollector reads them when
+    scraped). Never raises."""
+    from django.conf import settings
+
+    if not settings.METRICS_MULTIPROC_DIR:
+        return
+    try:
+        if not _gauges:  # registry=None: the values go to the directory, which MultiProcessCollector reads
+            for key, (name, doc) in _HELP.items():
+                _gauges[key] = Gauge(name, doc, multiprocess_mode="liveall", registry=None)
+            _gauges["db"] = Gauge(*_DB_HELP, ["state"], multiprocess_mode="liveall", registry=None)
+        figures = process_figures()
+        for key in _HELP:
+            if key in figures:
+                _gauges[key].set(figures[key])
+        if "db_open" in figures:
+            for state in ("open", "in_use"):
+                _gauges["db"].labels(state).set(figures[f"db_{state}"])
+    except Exception:  # noqa: BLE001
+        logger.exception("process metrics update failed")
 
 
 def _catalogue_load() -> tuple[list[str], list[str]]:
@@ -113,7 +157,6 @@ class LiveCollector(Collector):
     is left out of that scrape, and the error logged."""
 
     def collect(self):
-        process_figures_update()
         yield from self._guarded(self._queues)
         yield from self._guarded(self._admission)
         yield from self._guarded(self._database)
