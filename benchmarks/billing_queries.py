@@ -48,6 +48,44 @@ def _timed(run, rounds: int) -> list[float]:
     return samples
 
 
+def usage_year_generate(*, tenant, tier, keys, terms: dict, records: int, rng: random.Random, tag: str,
+                        start: datetime, timings: bool = False) -> None:
+    """`records` priced usage records of `tenant` spread evenly over the year from `start` (models: `terms`'
+    keys, each with its PriceTerms). With `timings`, each has a time to first token and 2% end in an error."""
+    from billing.models import UsageRecord
+    from billing.money import cost_compute
+
+    models = list(terms)  # in the caller's order (the same records for the same seed)
+    milli = int(tier.price_multiplier * 1000)
+    seconds = 365 * 86400
+    batch = []
+    for i in range(records):
+        model = rng.choice(models)
+        prompt = rng.randint(10, 4000)
+        cached = rng.randint(0, prompt)
+        completion = rng.randint(1, 800)
+        cost = cost_compute(terms=terms[model], multiplier_milli=milli, prompt_tokens=prompt, cached_tokens=cached,
+                            completion_tokens=completion)
+        when = start + timedelta(seconds=seconds * i // records + rng.random())
+        extra = {}
+        if timings:
+            error = rng.random() < 0.02
+            extra = {"finish_reason": "error" if error else "stop",
+                     "ttft_s": None if error else round(rng.lognormvariate(-1.5, 0.6), 4)}
+        batch.append(UsageRecord(**{
+            "request_id": f"{tag}-{i}", "tenant": tenant, "api_key": rng.choice(keys), "model": model,
+            "tier": tier.name, "prompt_tokens": prompt, "cached_tokens": cached, "completion_tokens": completion,
+            "finish_reason": "stop", "created_at": when, "admitted_at": when, "price_id": terms[model].price_id,
+            "price_multiplier": tier.price_multiplier, "input_cost_femtos": cost.input,
+            "cached_input_cost_femtos": cost.cached_input, "output_cost_femtos": cost.output,
+            "cost_femtos": cost.total, **extra,
+        }))
+        if len(batch) == 5000:
+            UsageRecord.objects.bulk_create(batch)
+            batch = []
+    UsageRecord.objects.bulk_create(batch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=500_000)
@@ -63,7 +101,6 @@ def main() -> None:
     from rest_framework.test import APIClient
 
     from billing.models import HourlyUsage, Invoice, Price, UsageRecord
-    from billing.money import PriceTerms, cost_compute, per_million_to_picos
     from billing.periods import month_parse
     from billing.services.invoices import invoice_draft_refresh, invoice_finalize
     from billing.services.prices import EPOCH, price_create
@@ -83,31 +120,11 @@ def main() -> None:
                            output_per_million=p[2], effective_from=EPOCH)
               for model, p in zip(models, [("0.05", "0.025", "0.1"), ("0.5", "0.125", "1.5"), ("2.5", "0.25", "10")])]
     terms = {price.model: price.terms for price in prices}
-    milli = int(tier.price_multiplier * 1000)
 
     report: dict = {"database": connection.vendor, "records": args.records}
     started = time.perf_counter()
-    seconds = 365 * 86400
-    batch = []
-    for i in range(args.records):
-        model = rng.choice(models)
-        prompt = rng.randint(10, 4000)
-        cached = rng.randint(0, prompt)
-        completion = rng.randint(1, 800)
-        cost = cost_compute(terms=terms[model], multiplier_milli=milli, prompt_tokens=prompt, cached_tokens=cached,
-                            completion_tokens=completion)
-        when = YEAR_START + timedelta(seconds=seconds * i // args.records + rng.random())
-        batch.append(UsageRecord(
-            request_id=f"{tag}-{i}", tenant=tenant, api_key=rng.choice(keys), model=model, tier=tier.name,
-            prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, finish_reason="stop",
-            created_at=when, admitted_at=when, price_id=terms[model].price_id, price_multiplier=tier.price_multiplier,
-            input_cost_femtos=cost.input, cached_input_cost_femtos=cost.cached_input, output_cost_femtos=cost.output,
-            cost_femtos=cost.total,
-        ))
-        if len(batch) == 5000:
-            UsageRecord.objects.bulk_create(batch)
-            batch = []
-    UsageRecord.objects.bulk_create(batch)
+    usage_year_generate(tenant=tenant, tier=tier, keys=keys, terms=terms, records=args.records, rng=rng, tag=tag,
+                        start=YEAR_START)
     report["generate_s"] = round(time.perf_counter() - started, 1)
     # a year of hours to roll up: the first fill of a fresh database, or late hours folded into a filled one
     started = time.perf_counter()

@@ -9,7 +9,7 @@ is cheap, with a byte-level BPE tokenizer like the real models'
 (`gpu_engine.write_checkpoint`), and reports the engine's own phase timers per
 step: schedule, prepare, take (appending the sampled tokens, stop-token and
 length checks) and output (detokenizing, stop strings and RequestOutputs).
-With `--mode async_scheduling` (opt-in: `EngineConfig.async_scheduling`) all of them
+With `--mode async_scheduling` (the CUDA default since 2026-11-26: `EngineConfig.async_scheduling`) all of them
 run while the GPU computes a step, so the GPU waits only when their sum outlasts its
 forward; with `--mode async_output` (the CUDA default) only output does, and
 schedule + prepare + take sit between two forwards.
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each detokenizer, interleaved")
     parser.add_argument("--vocab", type=int, default=VOCAB)
     parser.add_argument("--mode", choices=["async_scheduling", "async_output"], default="async_scheduling",
-                        help="the engine's step order (async_output: the CUDA default; async_scheduling: opt-in)")
+                        help="the engine's step order (async_scheduling: the CUDA default; async_output: the one before it)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     runtime_configure_from_env()

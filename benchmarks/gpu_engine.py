@@ -4,7 +4,7 @@
     python benchmarks/gpu_engine.py --shapes smollm2-135m --quick
     python benchmarks/gpu_engine.py --device cpu          # tiny-shape smoke run of the script itself
     python benchmarks/gpu_engine.py --json                # last line: one JSON object
-    python benchmarks/gpu_engine.py --async-scheduling    # the candidate (opt-in until measured here); the default is its peer
+    python benchmarks/gpu_engine.py --no-async-scheduling # deferred outputs only: the peer of the CUDA default
     python benchmarks/gpu_engine.py --no-split-mixed      # the peer of the mixed-step attention split
 
 For each shape it writes a random-weight checkpoint (transformers
@@ -147,7 +147,7 @@ def copy_bandwidth(device: torch.device) -> float:
 
 
 ASYNC_OUTPUT: bool | None = None  # --sync-output sets False (EngineConfig's default: on for CUDA)
-ASYNC_SCHEDULING = False  # --async-scheduling sets True (EngineConfig's default: off, until measured on a GPU)
+ASYNC_SCHEDULING: bool | None = None  # --[no-]async-scheduling (EngineConfig's default: on for CUDA)
 SPLIT_MIXED = True  # --no-split-mixed: a mixed step's decodes go through the prefill kernel too (the peer)
 
 
@@ -353,9 +353,10 @@ def main() -> None:
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--sync-output", action="store_true",
                         help="build each step's outputs before the next step (no overlap with the GPU)")
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                         help="schedule, prepare and launch each step before the previous one's tokens are read "
-                             "back (off: after them, outputs still deferred unless --sync-output)")
+                             "back (default: the engine's, on for CUDA; off: after them, outputs still deferred "
+                             "unless --sync-output)")
     parser.add_argument("--no-split-mixed", action="store_true",
                         help="mixed steps send their decode rows through the prefill kernel (the split's peer)")
     parser.add_argument("--json", action="store_true")
@@ -383,9 +384,11 @@ def main() -> None:
     else:
         work, shapes, name = SMOKE, args.shapes or ["tiny"], f"CPU ({torch.get_num_threads()} threads), smoke run"
     bandwidth = copy_bandwidth(device)
-    on_cuda = device.type == "cuda"
-    mode = ("async scheduling (next step launched before this one's tokens are read)" if args.async_scheduling
-            else "synchronous" if not on_cuda or args.sync_output
+    from inference.engine.config import resolve_step_order
+
+    deferred, ahead = resolve_step_order(device.type, ASYNC_OUTPUT, args.async_scheduling)
+    mode = ("async scheduling (next step launched before this one's tokens are read)" if ahead
+            else "synchronous" if not deferred
             else "deferred outputs (async_output)")
     if not SPLIT_MIXED:
         mode += "; mixed steps unsplit"

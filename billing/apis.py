@@ -12,16 +12,20 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
 from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.errors import InvalidRequest, NotFound
 from billing.models import Invoice
 from billing.money import usd_str
+from billing.openapi import csv_list, window_parameters
 from billing.selectors import invoices_of
 from billing.usage_buckets import WIDTHS, Query, bucket_floor, usage_sums
 from tenants.auth import HasScope
 from tenants.models import ApiKey
+from tenants.openapi import ref
+from tenants.selectors import api_key_pks_of, api_key_public_ids
 
 UTC = dt_timezone.utc
 # OpenAI's limits on buckets per page: (default, maximum)
@@ -82,14 +86,15 @@ def _window(request, width: str, limits: tuple[int, int]) -> tuple[datetime, dat
     return start, last, (last if last < end else None)
 
 
-def _key_ids(request) -> tuple[int, ...]:
-    ids = []
-    for raw in _list_param(request, "api_key_ids"):
-        try:
-            ids.append(int(raw.removeprefix("key_")))
-        except ValueError:
-            raise InvalidRequest(f"api_key_ids: {raw!r} is not an API key id.", param="api_key_ids") from None
-    return tuple(ids)
+def _key_ids(request) -> tuple[int, ...] | None:
+    """The row ids of the caller's keys named (by public id) in api_key_ids; None when none was named.
+
+    An id that is not one of the tenant's keys matches nothing, as an unknown model name does."""
+    public_ids = _list_param(request, "api_key_ids")
+    if not public_ids:
+        return None
+    pks = api_key_pks_of(tenant=request.auth.tenant, public_ids=public_ids)
+    return tuple(pks.values()) or (0,)
 
 
 def _buckets(start: datetime, end: datetime, width: str):
@@ -104,10 +109,38 @@ def _page(data: list, next_start: datetime | None) -> Response:
                      "next_page": _page_token(next_start) if next_start else None})
 
 
+def _public_key_ids(sums: dict, group_by: tuple[str, ...]) -> dict[int, str]:
+    """pk -> public id of the keys in grouped sums (the API shows public ids only)."""
+    if "api_key_id" not in group_by:
+        return {}
+    index = group_by.index("api_key_id")
+    pks = {key[index] for groups in sums.values() for key in groups if key[index] is not None}
+    return api_key_public_ids(pks=pks)
+
+
+def _schema(component: str, parameters: list | None = None, summary: str = "", operation_id: str | None = None):
+    return extend_schema(summary=summary, parameters=parameters or [], operation_id=operation_id,
+                         responses={200: OpenApiResponse(response=ref(component))})
+
+
+_USAGE_PARAMETERS = [
+    *window_parameters(widths=tuple(USAGE_LIMITS), limits=(USAGE_LIMITS["1d"][0], max(m for _, m in USAGE_LIMITS.values())),
+                       max_seconds=MAX_SECONDS),
+    csv_list("group_by", "Group results by these fields.", {"enum": list(USAGE_GROUPS)}),
+    csv_list("models", "Only these models."),
+    csv_list("api_key_ids", "Only these API keys (public ids)."),
+]
+_COSTS_PARAMETERS = [
+    *window_parameters(widths=("1d",), limits=COSTS_LIMITS, max_seconds=MAX_SECONDS),
+    csv_list("group_by", "Group results by line item.", {"enum": ["line_item"]}),
+]
+
+
 class UsageCompletionsApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_USAGE
 
+    @_schema("UsagePage", _USAGE_PARAMETERS, "Completion usage in UTC buckets (OpenAI's organization usage API)")
     def get(self, request):
         width = request.query_params.get("bucket_width", "1d")
         if width not in USAGE_LIMITS:
@@ -118,8 +151,9 @@ class UsageCompletionsApi(APIView):
             raise InvalidRequest(f"group_by supports {', '.join(USAGE_GROUPS)}; not {unknown[0]!r}.", param="group_by")
         start, end, next_start = _window(request, width, USAGE_LIMITS[width])
         query = Query(tenant=request.auth.tenant, start=start, end=end, width=width, group_by=group_by,
-                      models=tuple(_list_param(request, "models")), api_key_ids=_key_ids(request))
+                      models=tuple(_list_param(request, "models")), api_key_ids=_key_ids(request) or ())
         sums = usage_sums(query)
+        public_ids = _public_key_ids(sums, group_by)
         data = []
         for bucket_start, bucket_end in _buckets(start, end, width):
             results = []
@@ -133,7 +167,7 @@ class UsageCompletionsApi(APIView):
                     "input_audio_tokens": 0, "output_audio_tokens": 0,
                     "num_model_requests": figures["requests"],
                     "project_id": None, "user_id": None,
-                    "api_key_id": group.get("api_key_id"), "model": group.get("model"),
+                    "api_key_id": public_ids.get(group.get("api_key_id")), "model": group.get("model"),
                     "service_tier": group.get("service_tier"), "batch": None,
                 })
             data.append({"object": "bucket", "start_time": int(bucket_start.timestamp()),
@@ -155,6 +189,7 @@ class CostsApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_USAGE
 
+    @_schema("CostsPage", _COSTS_PARAMETERS, "Costs in UTC day buckets (OpenAI's organization costs API)")
     def get(self, request):
         width = request.query_params.get("bucket_width", "1d")
         if width != "1d":
@@ -206,6 +241,7 @@ class InvoiceListApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_USAGE
 
+    @_schema("InvoiceList", summary="The tenant's invoices and credit notes", operation_id="invoices_list")
     def get(self, request):
         invoices = invoices_of(tenant=request.auth.tenant)
         return Response({"object": "list", "data": [invoice_payload(i, lines=False) for i in invoices]})
@@ -215,6 +251,7 @@ class InvoiceDetailApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_USAGE
 
+    @_schema("InvoiceWithLines", summary="One invoice with its lines")
     def get(self, request, invoice_id: str):
         invoice = invoices_of(tenant=request.auth.tenant).filter(pk=int(invoice_id) if invoice_id.isdigit() else 0).first()
         if invoice is None:

@@ -88,8 +88,18 @@ def error_body(message: str, *, error_type: str, param: str | None = None, code:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
+def _count_error(status: int, body: dict) -> None:
+    """The operator console's errors by code (common.live_counts)."""
+    from common.live_counts import ERRORS, count_event
+
+    error = body.get("error") or {}
+    count_event(ERRORS, f"{status} {error.get('code') or error.get('type') or 'error'}")
+
+
 def error_json_response(exc: ApiError) -> JsonResponse:
-    response = JsonResponse(exc.body(), status=exc.status_code)
+    body = exc.body()
+    _count_error(exc.status_code, body)
+    response = JsonResponse(body, status=exc.status_code)
     for name, value in exc.headers.items():
         response[name] = value
     return response
@@ -125,7 +135,14 @@ def _flatten_detail(detail: Any) -> tuple[str, str | None]:
 
 
 def openai_exception_handler(exc: Exception, context: dict) -> Response | None:
-    """DRF EXCEPTION_HANDLER: every client-caused error in the OpenAI shape."""
+    """DRF EXCEPTION_HANDLER: every client-caused error in the OpenAI shape (and counted by code)."""
+    response = _drf_error_response(exc)
+    if response is not None:
+        _count_error(response.status_code, response.data)
+    return response
+
+
+def _drf_error_response(exc: Exception) -> Response | None:
     if isinstance(exc, ApiError):
         return Response(exc.body(), status=exc.status_code, headers=exc.headers or None)
     if isinstance(exc, drf_exceptions.ValidationError):

@@ -9,12 +9,16 @@ from django.db import DatabaseError, connection
 from django.http import HttpResponse, JsonResponse
 from django.utils.crypto import constant_time_compare
 from django.views.decorators.http import require_GET
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.views import SpectacularJSONAPIView
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.errors import NotFound
 from inference.models import ServedModel
 from inference.selectors import served_model_get_for_tier, served_model_list_for_tier
+from tenants.openapi import ref
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +54,28 @@ def model_payload(model: ServedModel) -> dict:
 class ModelListApi(APIView):
     """The enabled models the caller's tier may use."""
 
+    @extend_schema(operation_id="models_list", summary="The models this key's tier may use", responses={200: OpenApiResponse(response=ref("ModelList"))})
     def get(self, request):
         models = served_model_list_for_tier(tier=request.auth.tier)
         return Response({"object": "list", "data": [model_payload(model) for model in models]})
 
 
 class ModelDetailApi(APIView):
+    @extend_schema(summary="One model", responses={200: OpenApiResponse(response=ref("Model"))})
     def get(self, request, model_id: str):
         model = served_model_get_for_tier(tier=request.auth.tier, name=model_id)
         if model is None:
             raise NotFound(f"The model {model_id!r} does not exist or you do not have access to it.", param="model")
         return Response(model_payload(model))
+
+
+class OpenApiDocument(SpectacularJSONAPIView):
+    """GET /v1/openapi.json: the OpenAPI 3.1 document of /v1 (public, no key needed)."""
+
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(operation_id="openapi_document", summary="This document", auth=[],
+                   responses={200: OpenApiResponse(response={"type": "object", "required": ["openapi", "paths"]})})
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)

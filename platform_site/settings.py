@@ -15,6 +15,7 @@ REDIS_URL     absent: embedded backends (in-memory channel layer, in-process
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -79,10 +80,13 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "channels",
+    "axes",
     "tenants",
     "billing",
     "inference",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -93,7 +97,13 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # paths under /v1 answer errors in the OpenAI shape, under DEBUG too (Django's own pages are HTML)
+    "common.middleware.ApiErrorShapeMiddleware",
+    # login throttling (django-axes): last, as its docs ask
+    "axes.middleware.AxesMiddleware",
 ]
+# django-axes checks (and counts) every login made with a request before the model backend does.
+AUTHENTICATION_BACKENDS = ["tenants.auth.LoginThrottleBackend", "django.contrib.auth.backends.ModelBackend"]
 
 ROOT_URLCONF = "platform_site.urls"
 ASGI_APPLICATION = "platform_site.asgi.application"
@@ -190,6 +200,13 @@ BOOTSTRAP_ADMIN_PASSWORD = ENV.get("ADMIN_PASSWORD") or None
 BASE_URL = ENV.get("BASE_URL", "http://127.0.0.1:8000")
 # API streams (SSE): a `: keep-alive` comment after this many idle seconds.
 SSE_KEEPALIVE_S = float(ENV.get("SSE_KEEPALIVE_S", "15"))
+# A request body not wholly received this many seconds after the request began (a slow client, or one
+# that sent less than its Content-Length) is answered 408 and its connection closed (common.request_body).
+REQUEST_BODY_TIMEOUT_S = float(ENV.get("REQUEST_BODY_TIMEOUT_S", "30"))
+# WebSocket /v1/realtime: an Origin header (browsers send one) must match one of these host patterns
+# (Channels' OriginValidator syntax: "example.com", ".example.com", "https://example.com:8443", "*").
+# A socket without Origin (the SDKs, curl) is let through: it still needs an API key.
+WEBSOCKET_ALLOWED_ORIGINS = env_list("WEBSOCKET_ALLOWED_ORIGINS", ",".join(ALLOWED_HOSTS))
 CELERY_BEAT_SCHEDULE = {
     "reap-dead-workers": {"task": "inference.tasks.reap_dead_workers", "schedule": 5.0, "options": {"expires": 5.0}},
     # idempotent: a missed or doubled run changes nothing the next one would not
@@ -242,12 +259,37 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/dashboard/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+# Login throttling (django-axes): after AXES_FAILURE_LIMIT failed logins of one username from one
+# address, that pair is refused (429) for AXES_COOLOFF_MINUTES; a success resets its count.
+AXES_ENABLED = env_bool("AXES_ENABLED", True)
+AXES_FAILURE_LIMIT = int(ENV.get("AXES_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(ENV.get("AXES_COOLOFF_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+
+# OpenAPI document of /v1, served at /v1/openapi.json (inference.api.openapi adds the completion endpoints).
+SPECTACULAR_SETTINGS = {
+    "TITLE": "LLM platform API",
+    "DESCRIPTION": "OpenAI-compatible inference, API keys, usage, costs and invoices.",
+    "VERSION": "1.0.0",
+    "OAS_VERSION": "3.1.0",
+    "SERVE_INCLUDE_SCHEMA": True,
+    "SCHEMA_PATH_PREFIX": "/v1",
+    "PREPROCESSING_HOOKS": ["inference.api.openapi.only_v1_endpoints"],
+    "POSTPROCESSING_HOOKS": ["inference.api.openapi.document_complete"],
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.auth.HasTenant"],
     "EXCEPTION_HANDLER": "common.errors.openai_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "UNAUTHENTICATED_USER": None,
@@ -267,13 +309,18 @@ if not DEBUG:
     SECURE_CONTENT_TYPE_NOSNIFF = True
     X_FRAME_OPTIONS = "DENY"
 
+# Every line goes through one handler whose filter masks API keys and the secrets above
+# (common.log_redaction), uvicorn's own loggers (its access log has the request line) included.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"redact_secrets": {"()": "common.log_redaction.RedactSecrets"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["redact_secrets"]}},
     "root": {"handlers": ["console"], "level": ENV.get("LOG_LEVEL", "INFO")},
     "loggers": {
         "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
         "django.server": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "uvicorn.error": {"handlers": ["console"], "propagate": False},
+        "uvicorn.access": {"handlers": ["console"], "propagate": False},
     },
 }

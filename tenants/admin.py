@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, Q
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from tenants.models import ApiKey, Membership, Tenant, Tier
+from tenants.models import PUBLIC_ID_PREFIX, ApiKey, Membership, Tenant, Tier
 from tenants.selectors import api_key_status
 from tenants.services.api_keys import api_key_issue, api_key_revoke
 from tenants.services.limits import LIMIT_FIELDS, limits_explain
@@ -187,6 +188,14 @@ class ApiKeyForm(forms.ModelForm):
         return sorted(set(self.cleaned_data["scopes"]))
 
 
+class ApiKeyChangeList(ChangeList):
+    """The changelist links each key by its public id (`/admin/tenants/apikey/key_.../change/`)."""
+
+    def url_for_result(self, result):
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=(result.public_id,),
+                       current_app=self.model_admin.admin_site.name)
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
     form = ApiKeyForm
@@ -195,21 +204,30 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "name", "redacted", "tenant", "key_status", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at",
     )
     list_filter = (ApiKeyStatusFilter, "tenant__tier", "created_at")
-    search_fields = ("name", "prefix", "tenant__slug", "tenant__name")
+    search_fields = ("name", "public_id", "prefix", "tenant__slug", "tenant__name")
     list_select_related = ("tenant", "created_by")
     raw_id_fields = ("tenant",)
     actions = ("revoke",)
 
+    def get_changelist(self, request, **kwargs):
+        return ApiKeyChangeList
+
+    def get_object(self, request, object_id, from_field=None):
+        """A key's pages answer to its public id (the links use it) and, for old links, to its row id."""
+        if from_field is None and str(object_id).startswith(PUBLIC_ID_PREFIX):
+            return self.get_queryset(request).filter(public_id=object_id).first()
+        return super().get_object(request, object_id, from_field)
+
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ()
-        return ("tenant", "prefix", "last_four", "created_by", "created_at", "revoked_at", "last_used_at",
+        return ("tenant", "public_id", "prefix", "last_four", "created_by", "created_at", "revoked_at", "last_used_at",
                 "effective_limits")
 
     def get_fields(self, request, obj=None):
         if obj is None:
             return ("tenant", "name", "scopes", "expires_at")
-        return ("tenant", "name", "prefix", "last_four", "scopes", "expires_at", "created_by", "created_at",
+        return ("tenant", "name", "public_id", "prefix", "last_four", "scopes", "expires_at", "created_by", "created_at",
                 "revoked_at", "last_used_at", *LIMIT_FIELDS, "effective_limits")
 
     @admin.display(description="effective limits")
@@ -237,7 +255,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             "opts": self.model._meta,
             "api_key": obj,
             "plaintext": plaintext,
-            "change_url": reverse("admin:tenants_apikey_change", args=[obj.pk]),
+            "change_url": reverse("admin:tenants_apikey_change", args=[obj.public_id]),
             "list_url": reverse("admin:tenants_apikey_changelist"),
         }
         response = TemplateResponse(request, "admin/tenants/apikey/key_created.html", context)

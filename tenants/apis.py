@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone as dt_timezone
 
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -11,6 +12,7 @@ from rest_framework.views import APIView
 from common.errors import NotFound
 from tenants.auth import HasScope
 from tenants.models import ApiKey
+from tenants.openapi import ref
 from tenants.selectors import api_key_get, api_key_list, api_key_status
 from tenants.services.api_keys import api_key_create_for, api_key_revoke
 
@@ -22,7 +24,7 @@ def _unix(value: datetime | None) -> int | None:
 def api_key_payload(api_key: ApiKey) -> dict:
     """The public view of a key: never the secret or its hash."""
     return {
-        "id": api_key.pk,
+        "id": api_key.public_id,
         "object": "api_key",
         "name": api_key.name,
         "prefix": api_key.prefix,
@@ -54,10 +56,13 @@ class ApiKeyListCreateApi(APIView):
         )
         expires_at = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**37)
 
+    @extend_schema(operation_id="keys_list", summary="The tenant's API keys", responses={200: OpenApiResponse(response=ref("ApiKeyList"))})
     def get(self, request):
         keys = api_key_list(tenant=request.auth.tenant)
         return Response({"object": "list", "data": [api_key_payload(key) for key in keys]})
 
+    @extend_schema(summary="Create an API key (its secret is in this response only)",
+                   request={"application/json": ref("ApiKeyCreateRequest")}, responses={201: OpenApiResponse(response=ref("ApiKeyCreated"))})
     def post(self, request):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -77,9 +82,11 @@ class ApiKeyDetailApi(APIView):
     permission_classes = [HasScope]
     required_scopes = {"DELETE": ApiKey.SCOPE_KEYS}
 
+    @extend_schema(summary="One API key", responses={200: OpenApiResponse(response=ref("ApiKey"))})
     def get(self, request, key_id: str):
         return Response(api_key_payload(_key_or_404(request, key_id)))
 
+    @extend_schema(summary="Revoke an API key", responses={200: OpenApiResponse(response=ref("ApiKey"))})
     def delete(self, request, key_id: str):
         api_key = api_key_revoke(api_key=_key_or_404(request, key_id))
         return Response(api_key_payload(api_key))
@@ -89,6 +96,8 @@ class ApiKeyRevokeApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_KEYS
 
+    @extend_schema(summary="Revoke an API key", request=None,
+                   responses={200: OpenApiResponse(response=ref("ApiKey"))})
     def post(self, request, key_id: str):
         api_key = api_key_revoke(api_key=_key_or_404(request, key_id))
         return Response(api_key_payload(api_key))

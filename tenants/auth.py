@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from axes.backends import AxesStandaloneBackend
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 
 from tenants.models import ApiKey, Tenant
 from tenants.services.api_keys import AuthContext, api_key_authenticate, api_key_require_scope
 
-__all__ = ["ApiKeyAuthentication", "ApiPrincipal", "AuthContext", "HasTenant", "HasScope"]
+__all__ = ["ApiKeyAuthentication", "ApiPrincipal", "AuthContext", "HasTenant", "HasScope", "LoginThrottleBackend"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,3 +70,18 @@ class HasScope(BasePermission):
         if scope:
             api_key_require_scope(api_key=request.auth.api_key, scope=scope)  # 403 in the OpenAI shape
         return True
+
+
+class LoginThrottleBackend(AxesStandaloneBackend):
+    """django-axes' check before the model backend, for logins that come with a request.
+
+    Every login form (the admin's, Django's LoginView) passes the request, so
+    each is counted and refused once locked out. A call without one (the test
+    client's `login`, a shell) has no address to throttle by; axes' own backend
+    raises there, which would break `Client.login`, so this one lets it through.
+    """
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is None:
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)

@@ -3,6 +3,8 @@
 Money is integer micro-dollars (1 USD = 1_000_000) everywhere; never floats.
 """
 
+import secrets
+import string
 import zoneinfo
 
 from django.conf import settings
@@ -110,9 +112,32 @@ class Membership(models.Model):
     def __str__(self) -> str:
         return f"{self.user} @ {self.tenant} ({self.role})"
 
+    # What each role may change on the dashboard (a viewer only reads).
+    @property
+    def can_manage_keys(self) -> bool:
+        return self.role in (self.Role.OWNER, self.Role.MEMBER)
+
+    @property
+    def can_manage_settings(self) -> bool:
+        """The tenant's budget and alert settings: owners only."""
+        return self.role == self.Role.OWNER
+
+
+PUBLIC_ID_PREFIX = "key_"
+_PUBLIC_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def api_key_public_id_new() -> str:
+    """`key_` + 20 random base62 characters (~119 bits): the id the API and pages show, never the row's pk."""
+    return PUBLIC_ID_PREFIX + "".join(secrets.choice(_PUBLIC_ID_ALPHABET) for _ in range(20))
+
 
 class ApiKey(models.Model):
-    """An API key. The secret is shown once; only its peppered HMAC is stored."""
+    """An API key. The secret is shown once; only its peppered HMAC is stored.
+
+    `public_id` names the key in the API (`id`), in usage groups and in tenant-facing
+    URLs; the integer pk stays internal, so a tenant cannot count or guess other keys.
+    """
 
     SCOPE_INFERENCE = "inference"
     SCOPE_KEYS = "keys:manage"
@@ -120,6 +145,7 @@ class ApiKey(models.Model):
     ALL_SCOPES = [SCOPE_INFERENCE, SCOPE_KEYS, SCOPE_USAGE]
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    public_id = models.CharField(max_length=32, unique=True, default=api_key_public_id_new, editable=False)
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=32, unique=True, help_text="Public part, safe to show")
     last_four = models.CharField(max_length=4)

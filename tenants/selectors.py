@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from tenants.models import ApiKey, Tenant, Tier
+from tenants.models import PUBLIC_ID_PREFIX, ApiKey, Membership, Tenant, Tier
 
 
 def tier_get(*, name: str) -> Tier | None:
@@ -19,18 +19,29 @@ def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(tenant=tenant).select_related("created_by").order_by("-created_at", "-pk")
 
 
-def api_key_get(*, tenant: Tenant, key_id: int | str) -> ApiKey | None:
-    """The tenant's key with this id, or None (also for other tenants' ids and non-numeric ids)."""
+def api_key_get(*, tenant: Tenant, key_id: str) -> ApiKey | None:
+    """The tenant's key with this public id (`key_...`), or None (also for other tenants' ids and anything else)."""
     text = str(key_id)
-    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+    if not text.startswith(PUBLIC_ID_PREFIX) or len(text) > ApiKey._meta.get_field("public_id").max_length:
         return None
-    pk = int(text)
-    return api_key_list(tenant=tenant).filter(pk=pk).first()
+    return api_key_list(tenant=tenant).filter(public_id=text).first()
+
+
+def api_key_pks_of(*, tenant: Tenant, public_ids: list[str]) -> dict[str, int]:
+    """public id -> pk for the tenant's keys among `public_ids` (others' and unknown ids are left out)."""
+    return dict(ApiKey.objects.filter(tenant=tenant, public_id__in=public_ids).values_list("public_id", "pk"))
+
+
+def api_key_public_ids(*, pks) -> dict[int, str]:
+    """pk -> public id of these keys."""
+    return dict(ApiKey.objects.filter(pk__in=list(pks)).values_list("pk", "public_id"))
 
 
 def api_key_find(*, reference: str) -> ApiKey | None:
-    """Operator lookup (commands): an id, a stored prefix `sk-xxxxxxxxxx`, or a full key."""
+    """Operator lookup (commands): a public id `key_...`, a row id, a stored prefix `sk-xxxxxxxxxx`, or a full key."""
     reference = reference.strip()
+    if reference.startswith(PUBLIC_ID_PREFIX):
+        return ApiKey.objects.filter(public_id=reference).first()
     if reference.isascii() and reference.isdigit():
         return ApiKey.objects.filter(pk=int(reference)).first() if len(reference) < 19 else None
     parts = reference.split("-")
@@ -45,3 +56,15 @@ def api_key_status(*, api_key: ApiKey, now=None) -> str:
     if not api_key.is_usable(now):
         return "expired"
     return "active"
+
+
+def memberships_of(*, user) -> QuerySet[Membership]:
+    """The tenants a dashboard user belongs to, with their role."""
+    if not getattr(user, "is_authenticated", False):
+        return Membership.objects.none()
+    return Membership.objects.filter(user=user).select_related("tenant", "tenant__tier").order_by("tenant__name")
+
+
+def membership_get(*, user, slug: str) -> Membership | None:
+    """The user's membership of the tenant `slug`, or None (not a member, or no such tenant: callers answer 404)."""
+    return memberships_of(user=user).filter(tenant__slug=slug).first()

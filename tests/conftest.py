@@ -108,11 +108,21 @@ def bearer(key: str) -> dict:
     return {"HTTP_AUTHORIZATION": f"Bearer {key}"}
 
 
+def _django_settings(request):
+    """pytest-django's `settings` fixture, or None where pytest-django is absent (a GPU machine that has torch and
+    triton but not the web stack runs the engine and kernel suites: Django's autouse fixtures then do nothing)."""
+    if not request.config.pluginmanager.hasplugin("django"):
+        return None
+    return request.getfixturevalue("settings")
+
+
 @pytest.fixture(autouse=True)
-def _api_key_cache_not_kept_warm(settings):
+def _api_key_cache_not_kept_warm(request):
     """No keep-warm task outliving a test's event loop (tests/tenants/test_api_key_cache.py turns it on;
     the end-to-end servers run it as deployed)."""
-    settings.API_KEY_CACHE_KEEP_WARM_S = 0
+    settings = _django_settings(request)
+    if settings is not None:
+        settings.API_KEY_CACHE_KEEP_WARM_S = 0
 
 
 @pytest.fixture(autouse=True)
@@ -127,8 +137,14 @@ def _api_key_cache_empty():
 
 
 @pytest.fixture(autouse=True)
-def _admission_counters_fresh(settings):
-    """Each test counts its limits afresh (billing.admission): its own key prefix, emptied after."""
+def _admission_counters_fresh(request):
+    """Each test counts its limits afresh (billing.admission): its own key prefix, emptied after.
+
+    Without pytest-django there are no counters to reset (see _django_settings)."""
+    settings = _django_settings(request)
+    if settings is None:
+        yield
+        return
     import uuid
 
     from billing import admission

@@ -33,6 +33,7 @@ from billing.admission.headers import quota_message, rate_message, ratelimit_hea
 from billing.periods import Period, month_containing
 from tenants.services.limits import ScopeLimits, key_limits, tenant_limits
 from common.errors import InsufficientQuota, RateLimited, ServiceUnavailable
+from common.live_counts import REFUSALS, count_event
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,7 @@ async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens
     if decision.admitted:
         return Admission(request_id=request_id, reserved=True, headers=ratelimit_headers(decision.buckets))
     refusal = decision.refusal
+    count_event(REFUSALS, refusal.kind)
     label = _scope_label(_SCOPE_AT[refusal.kind](refusal.key), tenant=tenant, api_key=api_key)
     if refusal.kind in (QUOTA, SPEND):
         end = period.end.astimezone(_zone(period.tz)).isoformat()

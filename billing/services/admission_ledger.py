@@ -50,24 +50,32 @@ class CounterRef:
         return cls(scope=scope, period=period, kind=kind)
 
 
-def ledger_total(*, scope: str, kind: str, start: datetime, end: datetime) -> int:
-    """The period's settled usage of one scope from the usage records (tokens, or nano-dollars)."""
+_LEDGER_SUMS = {
+    QUOTA: Sum(F("prompt_tokens") + F("completion_tokens"), filter=~(Q(finish_reason="error") & Q(completion_tokens=0))),
+    SPEND: Sum((F("cost_femtos") + (FEMTOS_PER_NANO - 1)) / FEMTOS_PER_NANO, filter=Q(cost_femtos__gt=0)),
+}
+
+
+def ledger_totals(*, scope: str, kinds: tuple[str, ...] = (QUOTA, SPEND), start: datetime,
+                  end: datetime) -> dict[str, int]:
+    """The period's settled usage of one scope from the usage records, per kind (tokens, nano-dollars), one query."""
     from billing.models import UsageRecord
 
+    unknown = [kind for kind in kinds if kind not in _LEDGER_SUMS]
+    if unknown:
+        raise ValueError(unknown[0])
     records = UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
     if scope.startswith("t"):
         records = records.filter(tenant_id=int(scope[1:]))
     else:
         records = records.filter(api_key_id=int(scope[1:]))
-    if kind == QUOTA:
-        charged = records.exclude(Q(finish_reason="error") & Q(completion_tokens=0))
-        total = charged.aggregate(total=Sum(F("prompt_tokens") + F("completion_tokens")))["total"]
-    elif kind == SPEND:
-        total = records.filter(cost_femtos__gt=0).aggregate(
-            total=Sum((F("cost_femtos") + (FEMTOS_PER_NANO - 1)) / FEMTOS_PER_NANO))["total"]
-    else:
-        raise ValueError(kind)
-    return int(total or 0)
+    totals = records.aggregate(**{kind: _LEDGER_SUMS[kind] for kind in kinds})
+    return {kind: int(totals[kind] or 0) for kind in kinds}
+
+
+def ledger_total(*, scope: str, kind: str, start: datetime, end: datetime) -> int:
+    """The period's settled usage of one scope from the usage records (tokens, or nano-dollars)."""
+    return ledger_totals(scope=scope, kinds=(kind,), start=start, end=end)[kind]
 
 
 def counter_rebuild(*, backend, key: str, start: datetime, end: datetime, ttl_s: int) -> bool:

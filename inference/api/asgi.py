@@ -14,8 +14,8 @@ entry of settings.MIDDLEWARE is either
   CommonMiddleware's Host check is left to the views, which answer a bad Host
   with the OpenAI error body (`_ApiCommonMiddleware`);
 - or left out (`NOT_NEEDED`): it has nothing to do for these views (they are
-  `csrf_exempt`, authenticate API keys themselves, and touch no session, user
-  or message).
+  `csrf_exempt`, authenticate API keys themselves, touch no session, user
+  or message, log nobody in, and answer every error in the OpenAI shape).
 
 A middleware in neither set sends the API paths back to Django's standard
 handler (with a warning) rather than skipping it. tests/inference/test_api_asgi.py
@@ -69,6 +69,8 @@ NOT_NEEDED = frozenset({
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "common.middleware.ApiErrorShapeMiddleware",  # the completion views answer every error in the shape
+    "axes.middleware.AxesMiddleware",  # login throttling: these views log nobody in
 })
 
 

@@ -17,7 +17,7 @@ stop-string matches and RequestOutputs while the GPU runs the next step, whose
 one step after its token; the token computed meanwhile for it is dropped (never
 emitted, never counted). Outputs are the same as without it, one step later.
 
-With `async_scheduling` (opt-in until it has run on a GPU; implies deferred outputs) the host
+With `async_scheduling` (the CUDA default; implies deferred outputs) the host
 work between two forwards leaves the critical path too: `step()` schedules,
 prepares and launches the next step before reading back the tokens of the one
 in flight (`Sequence.pending`: a decode input taken on the device from that
@@ -49,7 +49,7 @@ import torch
 
 from inference.engine.async_step import AsyncSchedulingSteps
 from inference.engine.block_manager import BlockManager
-from inference.engine.config import EngineConfig
+from inference.engine.config import EngineConfig, resolve_step_order
 from inference.engine.detokenizer import detokenizer_for
 from inference.engine.logprobs import LogprobFormatter
 from inference.engine.model_runner import ModelRunner
@@ -111,9 +111,8 @@ class Engine(StepFailures, AsyncSchedulingSteps):
         self._pending: list[RequestOutput] = []  # abort notices for the next step()
         # async_output: (seq, token, sampled logprobs, output count, stopped by a stop token) awaiting their outputs
         self._deferred: list[tuple] = []
-        self.async_output = (config.async_output if config.async_output is not None
-                             else self.device.type == "cuda")
-        self.async_scheduling = config.async_scheduling
+        self.async_output, self.async_scheduling = resolve_step_order(
+            self.device.type, config.async_output, config.async_scheduling)
         # async_scheduling: the launched step whose tokens are not read back yet, and whether the next
         # schedule must wait for them (a row whose sampling reads its token history on the host)
         self._inflight: PendingSample | None = None

@@ -66,6 +66,7 @@ DEFAULT_TIERS: dict[str, dict] = {
 
 DEMO_TENANT_SLUG = "demo"
 DEMO_TENANT_TIER = "pro"
+DEMO_OWNER_USERNAME = "demo-owner"  # the demo tenant's owner on the dashboard (not staff)
 
 
 @dataclass
@@ -75,6 +76,8 @@ class BootstrapResult:
     demo_key: NewApiKey
     admin_username: str
     admin_password: str | None  # only when this run created the admin user
+    owner_username: str = DEMO_OWNER_USERNAME
+    owner_password: str | None = None  # only when this run created the demo owner
 
 
 def tiers_ensure(*, free_models: list[str]) -> tuple[dict[str, Tier], list[str]]:
@@ -108,7 +111,13 @@ def demo_tenant_ensure(*, tiers: dict[str, Tier], admin_username: str, admin_pas
         admin = User.objects.create_superuser(username=admin_username, email=admin_email, password=password_shown)
         created.append(f"admin user {admin_username}")
     membership_ensure(user=admin, tenant=tenant, role=Membership.Role.OWNER)
+    owner_password = None
+    if not User.objects.filter(username=DEMO_OWNER_USERNAME).exists():
+        owner_password = secrets.token_urlsafe(12)
+        owner = User.objects.create_user(username=DEMO_OWNER_USERNAME, password=owner_password)
+        membership_ensure(user=owner, tenant=tenant, role=Membership.Role.OWNER)
+        created.append(f"dashboard user {DEMO_OWNER_USERNAME}")
 
     key = api_key_create(tenant=tenant, name="demo (bootstrap)", created_by=admin)
     return BootstrapResult(created=created, demo_tenant=tenant, demo_key=key, admin_username=admin_username,
-                           admin_password=password_shown)
+                           admin_password=password_shown, owner_password=owner_password)

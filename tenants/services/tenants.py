@@ -47,6 +47,35 @@ def tenant_reactivate(*, tenant: Tenant) -> Tenant:
 
 
 @transaction.atomic
+def user_create_member(*, tenant: Tenant, username: str, role: str, email: str = "", password: str | None = None):
+    """A new dashboard user, member of `tenant` with `role`; without a password it cannot log in until one is set."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    if role not in Membership.Role.values:
+        raise InvalidRequest(f"Unknown role {role!r}; one of {', '.join(Membership.Role.values)}.", param="role")
+    User = get_user_model()
+    username = (username or "").strip()
+    if not username:
+        raise InvalidRequest("A user needs a username.", param="username")
+    if User.objects.filter(username=username).exists():
+        raise InvalidRequest(f"A user named {username!r} already exists.", param="username")
+    user = User(username=username, email=email or "")
+    if password:
+        try:
+            validate_password(password, user)
+        except ValidationError as exc:
+            raise InvalidRequest(" ".join(exc.messages), param="password") from exc
+        user.set_password(password)
+    else:
+        user.set_unusable_password()
+    user.save()
+    Membership.objects.create(user=user, tenant=tenant, role=role)
+    return user
+
+
+@transaction.atomic
 def membership_ensure(*, user, tenant: Tenant, role: str = Membership.Role.MEMBER) -> Membership:
     """Idempotent: an existing membership keeps its role."""
     membership, _created = Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": role})

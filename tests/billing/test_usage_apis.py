@@ -16,7 +16,8 @@ from tests.conftest import bearer
 UTC = timezone.utc
 START = datetime(2026, 3, 1, tzinfo=UTC)
 NOW = START + timedelta(days=3)
-GROUPS = {"model": lambda r: r.model, "api_key_id": lambda r: r.api_key_id, "service_tier": lambda r: r.tier}
+GROUPS = {"model": lambda r: r.model, "api_key_id": lambda r: r.api_key.public_id if r.api_key else None,
+          "service_tier": lambda r: r.tier}
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def get_all(api_client, url, key, **params):
 
 def expected(tenant, width: timedelta, group_by: tuple[str, ...]) -> Counter:
     table: Counter = Counter()
-    for r in UsageRecord.objects.filter(tenant=tenant):
+    for r in UsageRecord.objects.filter(tenant=tenant).select_related("api_key"):
         bucket = START + (r.created_at - START) // width * width
         key = (int(bucket.timestamp()), *(GROUPS[g](r) for g in group_by))
         table[key + ("input",)] += r.prompt_tokens
@@ -111,10 +112,10 @@ def test_pages_default_limits_and_filters(api_client, usage):
                                   "bucket_width": "1d", "limit": 32}, **bearer(keys[0].key))
         assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "limit"
         only = get_all(api_client, "/v1/organization/usage/completions", keys[0].key,
-                       start_time=int(START.timestamp()), models="y", api_key_ids=str(keys[1].api_key.pk),
+                       start_time=int(START.timestamp()), models="y", api_key_ids=keys[1].api_key.public_id,
                        group_by="model,api_key_id")
     results = [r for b in only for r in b["results"]]
-    assert {(r["model"], r["api_key_id"]) for r in results} == {("y", keys[1].api_key.pk)}
+    assert {(r["model"], r["api_key_id"]) for r in results} == {("y", keys[1].api_key.public_id)}
     assert sum(r["num_model_requests"] for r in results) == UsageRecord.objects.filter(
         tenant=tenant, model="y", api_key=keys[1].api_key).count()
 

@@ -1,4 +1,4 @@
-"""async_scheduling (opt-in, `EngineConfig.async_scheduling`): the next step is scheduled and
+"""async_scheduling (the CUDA default, `EngineConfig.async_scheduling`): the next step is scheduled and
 launched before the tokens of the step in flight are read back; a decoding sequence's input is
 then its pending token, copied on the device from that step's sampled ids.
 

@@ -6,6 +6,7 @@ import pytest
 from django.core.management.base import CommandError
 
 from inference.engine import EngineConfig
+from inference.engine.config import resolve_step_order
 from inference.management.commands.run_worker import Command, step_order
 
 
@@ -14,17 +15,20 @@ def _parse(*argv: str) -> dict:
     return step_order(sync_output=options["sync_output"], async_scheduling=options["async_scheduling"])
 
 
-@pytest.mark.parametrize("argv,async_output,async_scheduling", [
-    ((), None, False),  # async scheduling is opt-in (not yet run on a GPU); deferred outputs stay the CUDA default
-    (("--async-scheduling",), None, True),
-    (("--no-async-scheduling",), None, False),
-    (("--sync-output",), False, False),
+@pytest.mark.parametrize("argv,async_output,async_scheduling,on_cuda,on_cpu", [
+    # unset: the device decides (CUDA: deferred outputs and async scheduling, measured on a GPU; CPU: neither)
+    ((), None, None, (True, True), (False, False)),
+    (("--async-scheduling",), None, True, (True, True), (False, True)),
+    (("--no-async-scheduling",), None, False, (True, False), (False, False)),
+    (("--sync-output",), False, None, (False, False), (False, False)),
 ])
-def test_flags_set_the_engine_step_order(argv, async_output, async_scheduling):
+def test_flags_set_the_engine_step_order(argv, async_output, async_scheduling, on_cuda, on_cpu):
     order = _parse(*argv)
     assert order == {"async_output": async_output, "async_scheduling": async_scheduling}
     config = EngineConfig(device="cuda", **order)
     assert config.async_scheduling is async_scheduling
+    assert resolve_step_order("cuda", **order) == on_cuda
+    assert resolve_step_order("cpu", **order) == on_cpu
 
 
 def test_sync_output_with_async_scheduling_is_refused():
@@ -32,8 +36,10 @@ def test_sync_output_with_async_scheduling_is_refused():
         _parse("--sync-output", "--async-scheduling")
 
 
-def test_engine_config_defaults_to_synchronous_scheduling():
-    assert EngineConfig().async_scheduling is False
+def test_engine_config_leaves_the_step_order_to_the_device():
+    assert EngineConfig().async_scheduling is None
+    assert resolve_step_order("cpu", None, None) == (False, False)
+    assert resolve_step_order("cuda", None, None) == (True, True)
 
 
 def test_engine_config_refuses_async_scheduling_with_synchronous_outputs():

@@ -128,3 +128,12 @@ def test_tier_rejects_malformed_allowed_models(admin_client, tier):
     data["allowed_models"] = '{"not": "a list"}'
     response = admin_client.post(_url(Tier, "change", tier.pk), data)
     assert response.status_code == 200 and b"A list of model names" in response.content
+
+
+def test_api_key_admin_links_use_public_ids(admin_client, populated):
+    key = populated.api_key
+    listing = admin_client.get(_url(ApiKey, "changelist")).content.decode()
+    assert _url(ApiKey, "change", key.public_id) in listing and _url(ApiKey, "change", key.pk) not in listing
+    page = admin_client.get(_url(ApiKey, "change", key.public_id))
+    assert page.status_code == 200 and key.public_id in page.content.decode()
+    assert admin_client.get(_url(ApiKey, "change", "key_" + "0" * 20)).status_code == 302  # unknown: back to the list

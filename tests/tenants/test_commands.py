@@ -98,7 +98,7 @@ def test_create_api_key_json(tenant):
     payload = json.loads(out)
     assert set(payload) == {"key", "tenant", "id"}
     assert payload["tenant"] == tenant.slug and KEY_RE.fullmatch(payload["key"])
-    assert api_key_verify(key=payload["key"]).api_key.pk == payload["id"]
+    assert api_key_verify(key=payload["key"]).api_key.public_id == payload["id"]
 
 
 def test_create_api_key_plain_and_scoped(tenant):

@@ -1,5 +1,6 @@
 """`manage.py check --deploy` with production settings reports no warnings."""
 
+import json
 import os
 import secrets
 import subprocess
@@ -75,3 +76,23 @@ def test_procfile_processes():
     assert "uvicorn platform_site.asgi:application" in procs["web"]
     assert "manage.py run_worker" in procs["worker"]
     assert "celery -A platform_site worker" in procs["celery"] and "celery -A platform_site beat" in procs["beat"]
+
+
+@pytest.mark.slow
+def test_deploy_settings_secure_cookies_transport_and_logins(tmp_path):
+    """Under deploy/env.example: secure, HTTP-only cookies, HSTS, the SSL redirect, login throttling on,
+    and the WebSocket Origin allow-list taken from its hosts."""
+    names = ["SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SESSION_COOKIE_HTTPONLY", "SECURE_HSTS_SECONDS",
+             "SECURE_SSL_REDIRECT", "SECURE_CONTENT_TYPE_NOSNIFF", "X_FRAME_OPTIONS", "AXES_ENABLED", "DEBUG",
+             "WEBSOCKET_ALLOWED_ORIGINS", "REQUEST_BODY_TIMEOUT_S"]
+    code = f"import json; from django.conf import settings as s; print(json.dumps({{n: getattr(s, n) for n in {names!r}}}))"
+    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=production_env(tmp_path),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    values = json.loads(result.stdout.strip().splitlines()[-1])
+    assert values["DEBUG"] is False and values["AXES_ENABLED"] is True
+    assert values["SESSION_COOKIE_SECURE"] and values["CSRF_COOKIE_SECURE"] and values["SESSION_COOKIE_HTTPONLY"]
+    assert values["SECURE_HSTS_SECONDS"] >= 31536000 and values["SECURE_SSL_REDIRECT"]
+    assert values["SECURE_CONTENT_TYPE_NOSNIFF"] and values["X_FRAME_OPTIONS"] == "DENY"
+    assert values["WEBSOCKET_ALLOWED_ORIGINS"] == [f"https://{host}" for host in env_example()["ALLOWED_HOSTS"].split(",")]
+    assert values["REQUEST_BODY_TIMEOUT_S"] > 0

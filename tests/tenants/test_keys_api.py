@@ -88,24 +88,24 @@ def test_create_bad_bodies_never_500(api_client, api_key, body, content_type):
 
 def test_revoke_own_key(api_client, two_tenants):
     target = two_tenants["a2"]
-    response = api_client.post(f"/v1/keys/{target.api_key.pk}/revoke", **bearer(two_tenants["a"].key))
+    response = api_client.post(f"/v1/keys/{target.api_key.public_id}/revoke", **bearer(two_tenants["a"].key))
     assert response.status_code == 200
     assert response.json()["status"] == "revoked" and response.json()["revoked_at"]
     assert api_client.get("/v1/models", **bearer(target.key)).status_code == 401
     # idempotent
-    again = api_client.post(f"/v1/keys/{target.api_key.pk}/revoke", **bearer(two_tenants["a"].key))
+    again = api_client.post(f"/v1/keys/{target.api_key.public_id}/revoke", **bearer(two_tenants["a"].key))
     assert again.status_code == 200 and again.json()["revoked_at"] == response.json()["revoked_at"]
 
 
 def test_delete_revokes(api_client, two_tenants):
     target = two_tenants["a2"]
-    response = api_client.delete(f"/v1/keys/{target.api_key.pk}", **bearer(two_tenants["a"].key))
+    response = api_client.delete(f"/v1/keys/{target.api_key.public_id}", **bearer(two_tenants["a"].key))
     assert response.status_code == 200 and response.json()["status"] == "revoked"
     assert ApiKey.objects.get(pk=target.api_key.pk).revoked_at is not None
 
 
 def test_key_can_revoke_itself(api_client, api_key):
-    response = api_client.post(f"/v1/keys/{api_key.api_key.pk}/revoke", **bearer(api_key.key))
+    response = api_client.post(f"/v1/keys/{api_key.api_key.public_id}/revoke", **bearer(api_key.key))
     assert response.status_code == 200
     assert api_client.get("/v1/keys", **bearer(api_key.key)).status_code == 401
 
@@ -113,7 +113,7 @@ def test_key_can_revoke_itself(api_client, api_key):
 @pytest.mark.parametrize("method, suffix", [("get", ""), ("delete", ""), ("post", "/revoke")])
 def test_other_tenants_keys_are_404(api_client, two_tenants, method, suffix):
     victim = two_tenants["b"].api_key
-    response = getattr(api_client, method)(f"/v1/keys/{victim.pk}{suffix}", **bearer(two_tenants["a"].key))
+    response = getattr(api_client, method)(f"/v1/keys/{victim.public_id}{suffix}", **bearer(two_tenants["a"].key))
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "api_key_not_found"
     victim.refresh_from_db()
@@ -121,11 +121,21 @@ def test_other_tenants_keys_are_404(api_client, two_tenants, method, suffix):
     assert api_client.get("/v1/models", **bearer(two_tenants["b"].key)).status_code == 200
 
 
-@pytest.mark.parametrize("key_id", ["abc", "0", "-1", "99999999999999999999999", "1_0", "%C2%B2", "%20%31"])
+@pytest.mark.parametrize("key_id", ["abc", "0", "-1", "99999999999999999999999", "1_0", "%C2%B2", "%20%31", "key_",
+                                    "key_" + "x" * 40])
 def test_odd_ids_are_404(api_client, api_key, key_id):
     response = api_client.get(f"/v1/keys/{key_id}", **bearer(api_key.key))
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "api_key_not_found"
+
+
+def test_key_ids_are_public_ids_not_row_numbers(api_client, api_key):
+    """The API names keys by a random public id; the row's sequential pk is not accepted either."""
+    listed = api_client.get("/v1/keys", **bearer(api_key.key)).json()["data"]
+    assert [k["id"] for k in listed] == [api_key.api_key.public_id]
+    assert api_key.api_key.public_id.startswith("key_") and len(api_key.api_key.public_id) == 24
+    assert api_client.get(f"/v1/keys/{api_key.api_key.pk}", **bearer(api_key.key)).status_code == 404
+    assert api_client.get(f"/v1/keys/{api_key.api_key.public_id}", **bearer(api_key.key)).json()["id"] == listed[0]["id"]
 
 
 def test_keys_manage_scope_required(api_client, api_key_factory, tenant):
@@ -155,6 +165,6 @@ def test_scope_escalation_refused(api_client, api_key_factory, tenant):
 
 def test_keys_endpoints_require_a_key(api_client, api_key):
     for response in (api_client.get("/v1/keys"), api_client.post("/v1/keys", {"name": "x"}, format="json"),
-                     api_client.post(f"/v1/keys/{api_key.api_key.pk}/revoke")):
+                     api_client.post(f"/v1/keys/{api_key.api_key.public_id}/revoke")):
         assert response.status_code == 401
     assert ApiKey.objects.get(pk=api_key.api_key.pk).revoked_at is None

@@ -34,6 +34,9 @@ class Command(BaseCommand):
         write("Created: " + (", ".join(result.created) if result.created else "nothing (already bootstrapped)"))
         write(f"Demo tenant: {result.demo_tenant.slug} (tier {result.demo_tenant.tier.name})")
         write(f"Demo API key (shown once): {result.demo_key.key}")
+        owner = (f"password {result.owner_password}" if result.owner_password
+                 else "(existing user, password unchanged)")
+        write(f"Dashboard: {base}/dashboard/  user {result.owner_username}  {owner}")
         if result.admin_password is None:
             write(f"Admin: {base}/admin/  user {result.admin_username} (existing user, password unchanged)")
         elif password:

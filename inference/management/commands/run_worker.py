@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
-def step_order(*, sync_output: bool, async_scheduling: bool) -> dict:
+def step_order(*, sync_output: bool, async_scheduling: bool | None) -> dict:
     """EngineConfig's async_output / async_scheduling for the two flags (None: the engine's default);
     a CommandError, before any model loads, for a pair EngineConfig would refuse."""
     order = {"async_output": False if sync_output else None, "async_scheduling": async_scheduling}
@@ -50,10 +50,10 @@ class Command(BaseCommand):
         parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
         parser.add_argument("--no-cuda-graphs", action="store_true",
                             help="run CUDA decode steps eagerly instead of replaying CUDA graphs (debugging)")
-        parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+        parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                             help="schedule and launch the next step before the tokens of the one in flight are "
-                                 "read back, overlapping the GPU (off by default: not yet run on a GPU, see "
-                                 "BENCHMARKS.md)")
+                                 "read back, overlapping the GPU (default: on for CUDA unless --sync-output, off "
+                                 "on the CPU; see BENCHMARKS.md)")
         parser.add_argument("--sync-output", action="store_true",
                             help="on CUDA, finish each step (tokens read back, deltas built) before the next one "
                                  "starts (debugging; deltas then arrive one step sooner, at a throughput cost)")

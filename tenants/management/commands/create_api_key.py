@@ -32,7 +32,7 @@ class Command(BaseCommand):
         except ApiError as exc:
             raise CommandError(exc.message) from exc
         if options["json"]:
-            self.stdout.write(json.dumps({"key": new.key, "tenant": tenant.slug, "id": new.api_key.pk}))
+            self.stdout.write(json.dumps({"key": new.key, "tenant": tenant.slug, "id": new.api_key.public_id}))
         else:
-            self.stdout.write(f"API key for {tenant.slug} (id {new.api_key.pk}; shown once, store it now):")
+            self.stdout.write(f"API key for {tenant.slug} (id {new.api_key.public_id}; shown once, store it now):")
             self.stdout.write(new.key)

@@ -23,4 +23,4 @@ class Command(BaseCommand):
         api_key = api_key_revoke(api_key=api_key)
         state = "was already revoked" if already else "revoked"
         when = f"{api_key.revoked_at:%Y-%m-%d %H:%M:%S}Z"
-        self.stdout.write(f"Key {api_key.pk} {api_key.redacted} of {api_key.tenant.slug} {state} at {when}")
+        self.stdout.write(f"Key {api_key.public_id} {api_key.redacted} of {api_key.tenant.slug} {state} at {when}")

@@ -1,0 +1,93 @@
+"""Counts of recent events (API errors by code, admission refusals by kind) for the operator console.
+
+Events are counted in one-minute buckets kept for an hour: in Redis when
+REDIS_URL is set (every web process adds to the same hash, one round trip
+per event), else in this process (the embedded mode is one process).
+Counting never fails a request: a Redis error drops the event and is logged.
+The durable record of what happened stays the usage ledger; these are the
+live figures Prometheus (`/metrics`) also exports, kept where a page can read them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+BUCKET_S = 60
+KEEP_S = 3600
+ERRORS = "errors"  # label: the error's code (or type)
+REFUSALS = "refusals"  # label: the admission limit that refused (requests, tokens, concurrency, quota, spend)
+
+_lock = threading.Lock()
+_memory: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+_client = None
+
+
+def _redis():
+    global _client
+    if _client is None:
+        import redis
+
+        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+    return _client
+
+
+def _key(kind: str, bucket: int) -> str:
+    return f"{settings.QUEUE_KEY_PREFIX}:live:{kind}:{bucket}"
+
+
+def count_event(kind: str, label: str, *, now: float | None = None) -> None:
+    bucket = int((now or time.time()) // BUCKET_S)
+    label = str(label or "none")[:60]
+    if not settings.REDIS_URL:
+        with _lock:
+            _memory[(kind, bucket)][label] += 1
+            for stale in [k for k in _memory if k[1] <= bucket - KEEP_S // BUCKET_S]:
+                del _memory[stale]
+        return
+    try:
+        pipe = _redis().pipeline(transaction=False)
+        pipe.hincrby(_key(kind, bucket), label, 1)
+        pipe.expire(_key(kind, bucket), KEEP_S + BUCKET_S)
+        pipe.execute()
+    except Exception as exc:  # noqa: BLE001 - a live figure is never worth a failed request
+        logger.warning("live count %s/%s dropped: %s", kind, label, exc)
+
+
+def event_counts(kind: str, *, window_s: int = KEEP_S, now: float | None = None) -> dict[str, int]:
+    """label -> events in the last `window_s` seconds (whole minutes, the current one included)."""
+    last = int((now or time.time()) // BUCKET_S)
+    buckets = range(last - max(1, window_s // BUCKET_S) + 1, last + 1)
+    totals: dict[str, int] = defaultdict(int)
+    if not settings.REDIS_URL:
+        with _lock:
+            for bucket in buckets:
+                for label, count in _memory.get((kind, bucket), {}).items():
+                    totals[label] += count
+        return dict(totals)
+    try:
+        pipe = _redis().pipeline(transaction=False)
+        for bucket in buckets:
+            pipe.hgetall(_key(kind, bucket))
+        for counts in pipe.execute():
+            for label, count in counts.items():
+                totals[label.decode()] += int(count)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("live counts %s unreadable: %s", kind, exc)
+    return dict(totals)
+
+
+def live_counts_clear() -> None:
+    """Tests: forget the counts (in this process, or under this prefix in Redis)."""
+    with _lock:
+        _memory.clear()
+    if settings.REDIS_URL:
+        client = _redis()
+        for key in client.scan_iter(match=f"{settings.QUEUE_KEY_PREFIX}:live:*", count=1000):
+            client.delete(key)

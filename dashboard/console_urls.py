@@ -1,0 +1,11 @@
+"""The console's URLs, mounted under /admin/console/ and wrapped in the admin's staff check."""
+
+from django.contrib import admin
+from django.urls import path
+
+from dashboard.views import console
+
+urlpatterns = [
+    path("", admin.site.admin_view(console.console), name="admin-console"),
+    path("summary.json", admin.site.admin_view(console.console_summary_json), name="admin-console-summary"),
+]

@@ -1,0 +1,117 @@
+"""The operator console's figures: the fleet and its queues (heartbeats, depths), traffic, errors,
+refusals, time to first token, revenue and the top tenants by spend.
+
+Revenue reads billing's rollups (days before the rollup's filled day, then
+its hours) and the records after the rollup's end, so it is the ledger's
+integers (femto-USD), in UTC days and months: the platform's own calendar.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+
+from django.db import connection
+from django.db.models import Sum
+from django.utils import timezone
+
+from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
+from billing.money import usd_str
+from billing.services.rollups import ROLLUP
+from common.live_counts import ERRORS, REFUSALS, event_counts
+from dashboard.selectors.usage import PercentileCont, percentile_cont
+from inference.models import ServedModel
+from inference.queue import get_job_queue
+from tenants.models import Tenant, Tier
+
+UTC = dt_timezone.utc
+TOP_TENANTS = 10
+RATE_WINDOW_S = 60
+
+
+def _day_floor(instant: datetime) -> datetime:
+    return instant.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def spend_by_tenant(*, start: datetime, end: datetime) -> dict[int, int]:
+    """tenant id -> cost (femto-USD) of [start, end); `start` on a UTC day."""
+    filled = FillState.objects.filter(name=ROLLUP).values_list("end", flat=True).first() or start
+    split = min(max(filled, start), end)
+    whole_days_end = max(min(_day_floor(split), end), start)
+    totals: dict[int, int] = defaultdict(int)
+    sources = [
+        DailyUsage.objects.filter(day__gte=start, day__lt=whole_days_end),
+        HourlyUsage.objects.filter(hour__gte=whole_days_end, hour__lt=split),
+        UsageRecord.objects.filter(created_at__gte=split, created_at__lt=end),
+    ]
+    for rows in sources:
+        for tenant_id, cost in rows.order_by().values("tenant_id").annotate(cost=Sum("cost_femtos")).values_list(
+                "tenant_id", "cost"):
+            totals[tenant_id] += int(cost or 0)
+    return dict(totals)
+
+
+def _workers(now: float) -> list[dict]:
+    workers = []
+    for info in sorted(get_job_queue().live_workers(), key=lambda w: (w.get("model", ""), w.get("worker_id", ""))):
+        workers.append({
+            "worker_id": info.get("worker_id"), "model": info.get("model"), "device": info.get("device"),
+            "status": info.get("status"), "draining": info.get("status") == "draining",
+            "running": int(info.get("running") or 0), "waiting": int(info.get("waiting") or 0),
+            "kv_usage": round(float(info.get("kv_usage") or 0.0), 4), "tok_s": round(float(info.get("tok_s") or 0), 1),
+            "heartbeat_age_s": round(max(0.0, now - float(info.get("ts", now))), 1),
+        })
+    return workers
+
+
+def _queues() -> list[dict]:
+    queue = get_job_queue()
+    tiers = list(Tier.objects.order_by("priority", "name").values_list("name", flat=True))
+    rows = []
+    for model in ServedModel.objects.filter(enabled=True).order_by("name").values_list("name", flat=True):
+        depths = queue.depths(model)
+        rows.extend({"model": model, "tier": tier, "depth": int(depths.get(tier, 0))}
+                    for tier in sorted(set(tiers) | set(depths), key=lambda t: (t not in tiers, t)))
+    return rows
+
+
+def _ttft_last_hour(since: datetime) -> dict:
+    records = UsageRecord.objects.filter(created_at__gte=since, ttft_s__isnull=False).order_by()
+    if connection.vendor == "postgresql":
+        row = records.aggregate(p50=PercentileCont("ttft_s", 0.5), p95=PercentileCont("ttft_s", 0.95))
+        p50, p95 = row["p50"], row["p95"]
+    else:
+        samples = sorted(records.values_list("ttft_s", flat=True))
+        p50, p95 = percentile_cont(samples, 0.5), percentile_cont(samples, 0.95)
+    return {"p50_s": None if p50 is None else round(p50, 4), "p95_s": None if p95 is None else round(p95, 4)}
+
+
+def console_summary(*, now: datetime | None = None) -> dict:
+    """Everything the console shows, JSON-ready (money as exact decimal strings of USD)."""
+    now = now or timezone.now()
+    hour_ago = now - timedelta(hours=1)
+    month_start = _day_floor(now).replace(day=1)
+    month = spend_by_tenant(start=month_start, end=now)
+    today = spend_by_tenant(start=_day_floor(now), end=now)
+    top_ids = sorted(month, key=lambda tenant_id: -month[tenant_id])[:TOP_TENANTS]
+    names = dict(Tenant.objects.filter(pk__in=top_ids).values_list("pk", "slug"))
+    recent = UsageRecord.objects.filter(created_at__gte=now - timedelta(seconds=RATE_WINDOW_S)).count()
+    errors = event_counts(ERRORS)
+    worker_errors = UsageRecord.objects.filter(created_at__gte=hour_ago, finish_reason="error").count()
+    if worker_errors:
+        errors["worker error (usage records)"] = worker_errors
+    return {
+        "at": now.isoformat(),
+        "workers": _workers(time.time()),
+        "queues": _queues(),
+        "requests_per_s": round(recent / RATE_WINDOW_S, 3),
+        "errors_by_code": dict(sorted(errors.items())),
+        "refusals_by_kind": dict(sorted(event_counts(REFUSALS).items())),
+        "ttft_last_hour": _ttft_last_hour(hour_ago),
+        "revenue_today_usd": usd_str(sum(today.values())),
+        "revenue_month_usd": usd_str(sum(month.values())),
+        "top_tenants": [{"tenant_id": tenant_id, "slug": names.get(tenant_id, str(tenant_id)),
+                         "spend_usd": usd_str(month[tenant_id])} for tenant_id in top_ids],
+    }

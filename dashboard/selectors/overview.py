@@ -1,0 +1,67 @@
+"""A tenant's current period at a glance: spend, tokens by kind, requests, cache hit rate, quota and budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.utils import timezone
+
+from billing.admission.base import QUOTA, SPEND
+from billing.money import femtos_to_usd
+from billing.periods import Period, month_containing
+from billing.services.admission_ledger import ledger_totals
+from dashboard.selectors.days import days_between, today_in
+from dashboard.selectors.usage import usage_by_day, usage_totals
+from tenants.models import Tenant
+from tenants.services.limits import LimitSource, limits_explain
+
+NANOS_PER_USD = 10**9
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    period: Period
+    totals: dict[str, int]  # billing's FIGURES over the period so far
+    quota_used: int  # tokens, as admission counts them (billing.services.admission_ledger)
+    budget_used_nanos: int  # nano-USD, as admission counts them
+    limits: list[LimitSource]
+
+    @property
+    def spend_usd(self) -> Decimal:
+        return femtos_to_usd(self.totals["cost_femtos"])
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.totals["input_tokens"] + self.totals["cached_input_tokens"]
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """Share of prompt tokens served from the prefix cache."""
+        return self.totals["cached_input_tokens"] / self.prompt_tokens if self.prompt_tokens else None
+
+    def limit(self, name: str) -> int:
+        return next(row.effective for row in self.limits if row.name == name)
+
+    @property
+    def quota_limit(self) -> int:
+        return self.limit("monthly_token_quota")
+
+    @property
+    def budget_limit_usd(self) -> Decimal:
+        return Decimal(self.limit("monthly_spend_limit_micros")).scaleb(-6)
+
+    @property
+    def budget_used_usd(self) -> Decimal:
+        return Decimal(self.budget_used_nanos).scaleb(-9)
+
+
+def overview_get(*, tenant: Tenant, now: datetime | None = None) -> Overview:
+    now = now or timezone.now()
+    period = month_containing(instant=now, tz=tenant.timezone)
+    days = days_between(first=period.month, last=today_in(tenant.timezone, now), tz=tenant.timezone)
+    totals = usage_totals(usage_by_day(tenant=tenant, days=days))
+    used = ledger_totals(scope=f"t{tenant.pk}", start=period.start, end=period.end)  # what admission counts
+    return Overview(period=period, totals=totals, quota_used=used[QUOTA], budget_used_nanos=used[SPEND],
+                    limits=limits_explain(tenant=tenant))

@@ -1,0 +1,18 @@
+from django.urls import path
+
+from dashboard.views import assets, keys, pages
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", pages.home, name="home"),
+    path("assets/plotly.min.js", assets.plotly_js, name="plotly-js"),
+    path("<slug:slug>/", pages.overview, name="overview"),
+    path("<slug:slug>/usage/", pages.usage, name="usage"),
+    path("<slug:slug>/usage.csv", pages.usage_csv, name="usage-csv"),
+    path("<slug:slug>/keys/", keys.keys, name="keys"),
+    path("<slug:slug>/keys/<str:key_id>/revoke/", keys.key_revoke, name="key-revoke"),
+    path("<slug:slug>/settings/", keys.tenant_settings, name="settings"),
+    path("<slug:slug>/invoices/", pages.invoices, name="invoices"),
+    path("<slug:slug>/invoices/<int:invoice_id>/", pages.invoice_detail, name="invoice"),
+]

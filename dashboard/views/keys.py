@@ -1,0 +1,88 @@
+"""API keys (owners and members create and revoke; viewers read) and the owner's budget setting."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from common.errors import ApiError
+from dashboard.forms import ApiKeyCreateForm, BudgetForm
+from dashboard.views.access import membership_or_404, require
+from tenants.selectors import api_key_get, api_key_list, api_key_status
+from tenants.services.api_keys import api_key_create, api_key_revoke
+from tenants.services.limits import limits_explain, limits_set
+
+
+def _keys_page(request, membership, form, created=None):
+    tenant = membership.tenant
+    now = timezone.now()
+    keys = [(key, api_key_status(api_key=key, now=now)) for key in api_key_list(tenant=tenant)]
+    return render(request, "dashboard/keys.html", {
+        "membership": membership, "tenant": tenant, "page": "keys", "keys": keys, "form": form, "created": created,
+    })
+
+
+@login_required
+def keys(request, slug: str):
+    membership = membership_or_404(request, slug)
+    if request.method != "POST":
+        return _keys_page(request, membership, ApiKeyCreateForm())
+    require(membership.can_manage_keys)
+    form = ApiKeyCreateForm(request.POST)
+    if not form.is_valid():
+        return _keys_page(request, membership, form)
+    data = form.cleaned_data
+    expires = timezone.now() + timedelta(days=data["expires_days"]) if data.get("expires_days") else None
+    try:
+        with transaction.atomic():
+            created = api_key_create(tenant=membership.tenant, name=data["name"], scopes=data["scopes"],
+                                     expires_at=expires, created_by=request.user)
+            if form.limit_values():
+                limits_set(tenant=membership.tenant, api_key=created.api_key, values=form.limit_values())
+    except ApiError as exc:
+        form.add_error(exc.param if exc.param in form.fields else None, exc.message)
+        return _keys_page(request, membership, form)
+    # The secret is in this response only: no redirect, nothing stored that could show it again.
+    response = _keys_page(request, membership, ApiKeyCreateForm(), created=created)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def key_revoke(request, slug: str, key_id: str):
+    membership = membership_or_404(request, slug)
+    api_key = api_key_get(tenant=membership.tenant, key_id=key_id)
+    if api_key is None:
+        raise Http404("No such key")
+    require(membership.can_manage_keys)
+    api_key_revoke(api_key=api_key)
+    messages.success(request, f"Key {api_key.name} ({api_key.redacted}) revoked.")
+    return redirect("dashboard:keys", slug=slug)
+
+
+@login_required
+def tenant_settings(request, slug: str):
+    """The tenant's limits (everyone reads them); its monthly budget (owners change it)."""
+    membership = membership_or_404(request, slug)
+    tenant = membership.tenant
+    form = BudgetForm(initial={"monthly_budget_usd": tenant.monthly_spend_limit_micros / 1_000_000 or None})
+    if request.method == "POST":
+        require(membership.can_manage_settings)
+        form = BudgetForm(request.POST)
+        if form.is_valid():
+            budget = form.cleaned_data.get("monthly_budget_usd") or 0
+            limits_set(tenant=tenant, values={"monthly_spend_limit_micros": int(budget * 1_000_000)})
+            messages.success(request, "Budget saved.")
+            return redirect("dashboard:settings", slug=slug)
+    return render(request, "dashboard/settings.html", {
+        "membership": membership, "tenant": tenant, "page": "settings", "form": form,
+        "limits": limits_explain(tenant=tenant),
+    })

@@ -1,0 +1,278 @@
+"""Tenant-isolation cases, one per URL pattern (tests/security/test_tenant_isolation.py holds every pattern to one).
+
+Each case gets `w` (a `World`: tenants A and B, each with an API key, a
+member user, an invoice, a usage record; B also has a model only B's tier may
+use) and acts as tenant A on B's objects, asserting A gets 404 (or 403 where
+that is the documented answer) and that B's objects are untouched.
+
+How to add a case for a new URL pattern (the test names the uncovered ones):
+write a function taking `w`, decorate it with `@case("<route>")` where
+<route> is the pattern as the test prints it (the URL configuration's
+`str(pattern)` joined from the root, e.g. "v1/keys/<str:key_id>",
+"dashboard/keys/<str:key_id>/", or "ws:v1/realtime" for a WebSocket route),
+and in it request B's object with A's key (`w.api`, `bearer(w.a.key)`) or A's
+session (`w.browser_a`, logged in as A's member). A pattern with no tenant
+data at all goes in PUBLIC with the reason instead. /admin/ is staff-only
+and checked separately (test_admin_requires_staff).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tests.conftest import bearer
+
+PUBLIC: dict[str, str] = {
+    "healthz": "load balancer health check: no tenant data",
+    "metrics": "Prometheus metrics: labelled by model and tier, never by tenant or key (METRICS_TOKEN can close it)",
+    "v1/openapi.json": "the API's OpenAPI document: no tenant data",
+    "accounts/login/": "the dashboard's login form: no tenant data",
+    "accounts/logout/": "ends the caller's own session",
+    "accounts/password_change/": "changes the caller's own password",
+    "accounts/password_change/done/": "a confirmation page: no tenant data",
+    "dashboard/assets/plotly.min.js": "the charting library's code, read from the installed package: no tenant data",
+}
+CASES: dict[str, Callable] = {}
+
+
+def case(route: str):
+    def register(func: Callable) -> Callable:
+        assert route not in CASES, f"two isolation cases for {route}"
+        CASES[route] = func
+        return func
+
+    return register
+
+
+@dataclass
+class Side:
+    tenant: object
+    key: str  # plaintext, all scopes
+    api_key: object  # its row
+    user: object  # a member of the tenant (Membership.Role.OWNER)
+    invoice: object
+    usage: object  # B: one UsageRecord (A has none)
+
+
+@dataclass
+class World:
+    a: Side
+    b: Side
+    b_model: str  # a served model only B's tier may use
+    api: object  # rest_framework.test.APIClient, no credentials
+    browser_a: object  # django.test.Client logged in as A's member
+
+
+def _error_code(response) -> str | None:
+    return json.loads(response.content)["error"]["code"]
+
+
+def _not_found(response) -> None:
+    assert response.status_code == 404, (response.status_code, response.content[:300])
+
+
+# ---------------------------------------------------------------- models and completions
+@case("v1/models")
+def models_list(w: World) -> None:
+    response = w.api.get("/v1/models", **bearer(w.a.key))
+    assert response.status_code == 200
+    assert w.b_model not in [model["id"] for model in response.json()["data"]]
+
+
+@case("v1/models/<path:model_id>")
+def model_detail(w: World) -> None:
+    _not_found(w.api.get(f"/v1/models/{w.b_model}", **bearer(w.a.key)))
+
+
+@case("v1/chat/completions")
+def chat_with_b_model(w: World) -> None:
+    body = {"model": w.b_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    response = w.api.post("/v1/chat/completions", body, format="json", **bearer(w.a.key))
+    _not_found(response)
+    assert _error_code(response) == "model_not_found"
+
+
+@case("v1/completions")
+def completion_with_b_model(w: World) -> None:
+    body = {"model": w.b_model, "prompt": "hi", "max_tokens": 1}
+    response = w.api.post("/v1/completions", body, format="json", **bearer(w.a.key))
+    _not_found(response)
+    assert _error_code(response) == "model_not_found"
+
+
+# ---------------------------------------------------------------- keys
+@case("v1/keys")
+def keys_list_and_create(w: World) -> None:
+    listed = w.api.get("/v1/keys", **bearer(w.a.key)).json()["data"]
+    assert w.b.api_key.public_id not in [key["id"] for key in listed] and listed
+    created = w.api.post("/v1/keys", {"name": "made-by-a"}, format="json", **bearer(w.a.key)).json()
+    from tenants.models import ApiKey
+
+    assert ApiKey.objects.get(public_id=created["id"]).tenant_id == w.a.tenant.pk
+
+
+@case("v1/keys/<str:key_id>")
+def key_detail_and_delete(w: World) -> None:
+    for method in ("get", "delete"):
+        response = getattr(w.api, method)(f"/v1/keys/{w.b.api_key.public_id}", **bearer(w.a.key))
+        _not_found(response)
+        assert _error_code(response) == "api_key_not_found"
+    w.b.api_key.refresh_from_db()
+    assert w.b.api_key.revoked_at is None
+
+
+@case("v1/keys/<str:key_id>/revoke")
+def key_revoke(w: World) -> None:
+    _not_found(w.api.post(f"/v1/keys/{w.b.api_key.public_id}/revoke", **bearer(w.a.key)))
+    w.b.api_key.refresh_from_db()
+    assert w.b.api_key.revoked_at is None
+
+
+# ---------------------------------------------------------------- usage, costs, invoices (API)
+def _window(w: World) -> dict:
+    start = int(w.b.usage.created_at.timestamp()) // 86400 * 86400
+    return {"start_time": start, "end_time": start + 86400}
+
+
+@case("v1/organization/usage/completions")
+def usage_of_b_key(w: World) -> None:
+    params = {**_window(w), "api_key_ids": w.b.api_key.public_id, "group_by": "api_key_id"}
+    page = w.api.get("/v1/organization/usage/completions", params, **bearer(w.a.key)).json()
+    assert [r for bucket in page["data"] for r in bucket["results"]] == []
+    everything = w.api.get("/v1/organization/usage/completions", {**_window(w), "group_by": "api_key_id"},
+                           **bearer(w.a.key)).json()
+    seen = {r["api_key_id"] for bucket in everything["data"] for r in bucket["results"]}
+    assert w.b.api_key.public_id not in seen and seen <= {w.a.api_key.public_id}
+
+
+@case("v1/organization/costs")
+def costs_of_a_only(w: World) -> None:
+    page = w.api.get("/v1/organization/costs", _window(w), **bearer(w.a.key)).json()
+    total = sum(int(r["amount"]["value_decimal"].replace(".", "")) for b in page["data"] for r in b["results"])
+    assert total == 0  # A spent nothing; B's usage costs money
+
+
+@case("v1/invoices")
+def invoices_list(w: World) -> None:
+    ids = [invoice["id"] for invoice in w.api.get("/v1/invoices", **bearer(w.a.key)).json()["data"]]
+    assert ids == [w.a.invoice.pk]
+
+
+@case("v1/invoices/<str:invoice_id>")
+def invoice_detail(w: World) -> None:
+    response = w.api.get(f"/v1/invoices/{w.b.invoice.pk}", **bearer(w.a.key))
+    _not_found(response)
+    assert _error_code(response) == "invoice_not_found"
+
+
+# ---------------------------------------------------------------- invoice pages (session)
+@case("billing/invoices/<int:invoice_id>/")
+def invoice_page(w: World) -> None:
+    _not_found(w.browser_a.get(f"/billing/invoices/{w.b.invoice.pk}/"))
+    assert w.browser_a.get(f"/billing/invoices/{w.a.invoice.pk}/").status_code == 200
+
+
+@case("billing/invoices/<int:invoice_id>.csv")
+def invoice_csv(w: World) -> None:
+    _not_found(w.browser_a.get(f"/billing/invoices/{w.b.invoice.pk}.csv"))
+    assert w.browser_a.get(f"/billing/invoices/{w.a.invoice.pk}.csv").status_code == 200
+
+
+# ---------------------------------------------------------------- the tenant dashboard (A's member, B's pages)
+def _b_page(w: World, suffix: str) -> None:
+    """B's page answers 404 to A's member; A's own page answers 200 (the 404 is isolation, not a broken page)."""
+    _not_found(w.browser_a.get(f"/dashboard/{w.b.tenant.slug}/{suffix}"))
+    assert w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/{suffix}").status_code == 200
+
+
+@case("dashboard/")
+def dashboard_home(w: World) -> None:
+    response = w.browser_a.get("/dashboard/")
+    assert response.status_code == 302 and response["Location"] == f"/dashboard/{w.a.tenant.slug}/"
+
+
+@case("dashboard/<slug:slug>/")
+def dashboard_overview(w: World) -> None:
+    _b_page(w, "")
+
+
+@case("dashboard/<slug:slug>/usage/")
+def dashboard_usage(w: World) -> None:
+    _b_page(w, "usage/")
+    # A's usage page filtered by B's key: not one of A's keys, so a form error, never B's figures
+    page = w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/usage/", {"key": w.b.api_key.public_id,
+                                                                    "start": "2026-09-01", "end": "2026-09-30"})
+    assert page.status_code == 200 and b'id="usage-data"' not in page.content
+
+
+@case("dashboard/<slug:slug>/usage.csv")
+def dashboard_usage_csv(w: World) -> None:
+    _b_page(w, "usage.csv")
+
+
+@case("dashboard/<slug:slug>/keys/")
+def dashboard_keys(w: World) -> None:
+    from tenants.models import ApiKey
+
+    _b_page(w, "keys/")
+    _not_found(w.browser_a.post(f"/dashboard/{w.b.tenant.slug}/keys/", {"name": "planted"}))
+    assert not ApiKey.objects.filter(name="planted").exists()
+
+
+@case("dashboard/<slug:slug>/keys/<str:key_id>/revoke/")
+def dashboard_key_revoke(w: World) -> None:
+    for slug in (w.b.tenant.slug, w.a.tenant.slug):
+        _not_found(w.browser_a.post(f"/dashboard/{slug}/keys/{w.b.api_key.public_id}/revoke/"))
+    w.b.api_key.refresh_from_db()
+    assert w.b.api_key.revoked_at is None
+
+
+@case("dashboard/<slug:slug>/settings/")
+def dashboard_settings(w: World) -> None:
+    _b_page(w, "settings/")
+    _not_found(w.browser_a.post(f"/dashboard/{w.b.tenant.slug}/settings/", {"monthly_budget_usd": "1"}))
+    w.b.tenant.refresh_from_db()
+    assert w.b.tenant.monthly_spend_limit_micros == 0
+
+
+@case("dashboard/<slug:slug>/invoices/")
+def dashboard_invoices(w: World) -> None:
+    _b_page(w, "invoices/")
+    assert w.b.invoice.number.encode() not in w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/invoices/").content
+
+
+@case("dashboard/<slug:slug>/invoices/<int:invoice_id>/")
+def dashboard_invoice(w: World) -> None:
+    for slug in (w.b.tenant.slug, w.a.tenant.slug):
+        _not_found(w.browser_a.get(f"/dashboard/{slug}/invoices/{w.b.invoice.pk}/"))
+    assert w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/invoices/{w.a.invoice.pk}/").status_code == 200
+
+
+# ---------------------------------------------------------------- WebSocket
+@case("ws:v1/realtime")
+def realtime_socket(w: World) -> None:
+    """A's key is A on the socket; a request id is per socket, so B's ids are unknown there."""
+    from asgiref.sync import async_to_sync
+    from asgiref.testing import ApplicationCommunicator
+
+    from platform_site.asgi import application
+
+    scope = {"type": "websocket", "path": "/v1/realtime", "raw_path": b"/v1/realtime", "query_string": b"",
+             "headers": [(b"authorization", f"Bearer {w.a.key}".encode())], "subprotocols": []}
+
+    async def talk():
+        socket = ApplicationCommunicator(application, scope)
+        await socket.send_input({"type": "websocket.connect"})
+        assert (await socket.receive_output(10))["type"] == "websocket.accept"
+        hello = json.loads((await socket.receive_output(10))["text"])
+        assert hello["type"] == "authenticated" and hello["tenant"] == w.a.tenant.slug
+        await socket.send_input({"type": "websocket.receive", "text": json.dumps({"type": "cancel",
+                                                                                 "id": w.b.usage.request_id})})
+        error = json.loads((await socket.receive_output(10))["text"])
+        assert error["type"] == "error" and error["error"]["code"] == "unknown_request"
+        await socket.send_input({"type": "websocket.disconnect", "code": 1000})
+        await socket.wait(10)
+
+    async_to_sync(talk)()
