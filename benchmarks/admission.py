@@ -7,14 +7,23 @@
    PostgreSQL): once with a limit of 10 requests per minute, once with a
    monthly budget that holds exactly 10 worst-case requests. Admitted must be
    exactly 10 in both, and the budget's counter never above its limit.
-2. Cost. One process admits and settles requests one after another, limits
-   on (requests and tokens per minute, concurrency, the token quota and the
-   budget: every kind) against limits off (`ADMISSION_ENABLED=False`, the
-   same call returns at once), interleaved rounds, p50 and p99 per request,
-   on the in-process backend and on Redis.
+2. Cost. One process admits requests one after another, limits on (requests
+   and tokens per minute, concurrency, the token quota and the budget: every
+   kind) against limits off (`ADMISSION_ENABLED=False`, the same call returns
+   at once), interleaved rounds, p50 and p99 per request, on the in-process
+   backend and on Redis.
+3. Settle. What settling adds to the worker's usage-record insert, as the
+   worker's finisher does it (`inference.worker.finish`: the records of a
+   step as `job_ending` makes them, written in one insert, then their
+   reservations settled): per step of --batch records (a pipelined step) and
+   of 1, on the in-process backend and on Redis, interleaved; the median
+   insert, the median settlement and the median of the steps' ratios (wall
+   time), and the finisher thread's own CPU time in each (no waiting for
+   PostgreSQL or Redis: what a shared, noisy machine distorts least).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/llm_admission REDIS_URL=redis://127.0.0.1:6379/7 \\
         python benchmarks/admission.py [--processes 4 --requests 50 --rounds 5 --calls 400 --json]
+    python benchmarks/admission.py --part settle --steps 200 --batch 16 --json
 
 It makes its own tier and tenants ("bench-admission-<random>"), deletes them after, and uses
 its own Redis key prefix.
@@ -98,14 +107,11 @@ def cost(*, tenant_id: int, calls: int, rounds: int, backend_name: str) -> dict:
 
     from billing.admission import reset_admission_backend
     from billing.admission.memory import MemoryAdmission
-    from billing.services.admission import aadmission_reserve, admission_settle_records
-    from billing.services.usage import usage_records_insert
+    from billing.services.admission import aadmission_reserve
 
     reset_admission_backend(MemoryAdmission() if backend_name == "memory" else None)
     auth = _auth(tenant_id)
     samples: dict[str, list[float]] = {"on": [], "off": []}
-    settle_samples: list[float] = []
-    insert_samples: list[float] = []
     admitted: list[str] = []
 
     async def run(enabled: bool) -> None:
@@ -127,16 +133,7 @@ def cost(*, tenant_id: int, calls: int, rounds: int, backend_name: str) -> dict:
 
     asyncio.run(rounds_())
     settings.ADMISSION_ENABLED = True
-    for request_id in admitted:  # as the worker ends them: the record's insert, then the settlement
-        record = {"request_id": request_id, "tenant_id": tenant_id, "api_key_id": None, "model": MODEL,
-                  "tier": auth.tier.name, "prompt_tokens": 100, "cached_tokens": 0, "completion_tokens": 20,
-                  "finish_reason": "stop"}
-        started = time.perf_counter()
-        usage_records_insert([record])
-        insert_samples.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        admission_settle_records([record])
-        settle_samples.append(time.perf_counter() - started)
+    _settle_all(auth, admitted)
 
     def pct(values: list[float], q: float) -> float:
         return round(sorted(values)[min(len(values) - 1, int(q * len(values)))] * 1e6, 1)
@@ -146,9 +143,79 @@ def cost(*, tenant_id: int, calls: int, rounds: int, backend_name: str) -> dict:
         "reserve_on_p50_us": pct(samples["on"], 0.5), "reserve_on_p99_us": pct(samples["on"], 0.99),
         "reserve_off_p50_us": pct(samples["off"], 0.5), "reserve_off_p99_us": pct(samples["off"], 0.99),
         "added_p50_us": round(pct(samples["on"], 0.5) - pct(samples["off"], 0.5), 1),
-        "settle_p50_us": pct(settle_samples, 0.5), "settle_mean_us": round(statistics.mean(settle_samples) * 1e6, 1),
-        "record_insert_p50_us": pct(insert_samples, 0.5),
     }
+
+
+def _records(auth, request_ids: list[str]) -> list[dict]:
+    """The usage-record fields of finished requests, as the worker's finisher makes them (with their costing)."""
+    from inference.queue import Job
+    from inference.worker.finish import job_ending
+
+    records = []
+    for request_id in request_ids:
+        job = Job(request_id=request_id, tenant_id=auth.tenant.pk, api_key_id=None, tier=auth.tier.name, priority=0,
+                  model=MODEL, prompt_token_ids=[1] * 100, sampling={"max_tokens": 50}, reply_channel="bench")
+        records.append(job_ending(job=job, worker_id="bench", finish_reason="stop", prompt_tokens=100,
+                                  completion_tokens=20)[0])
+    return records
+
+
+def _settle_all(auth, request_ids: list[str]) -> None:
+    from billing.services.admission import admission_settle_records
+
+    for start in range(0, len(request_ids), 64):
+        admission_settle_records(_records(auth, request_ids[start:start + 64]))
+
+
+def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
+    """Per step: the worker's insert of its records, then their settlement; both backends, batch and 1, interleaved."""
+    from billing.admission import get_admission_backend, reset_admission_backend
+    from billing.admission.memory import MemoryAdmission
+    from billing.services.admission import aadmission_reserve, admission_settle_records
+    from inference.worker.finish import _usage_records_write
+
+    auth = _auth(tenant_id)
+    reset_admission_backend()
+    backends = {"memory": MemoryAdmission(), "redis": get_admission_backend()}  # each with its connections kept
+    cases = [(name, size) for name in backends for size in (batch, 1)]
+    insert_s: dict = {case: [] for case in cases}
+    settle_s: dict = {case: [] for case in cases}
+    cpu_s: dict = {case: [] for case in cases}  # (insert, settle) CPU of this thread: no waits for the servers
+
+    async def reserve(request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            await aadmission_reserve(auth=auth, request_id=request_id, model=MODEL, prompt_tokens=100, max_tokens=50)
+
+    for step in range(steps + 3):  # the first 3 warm up (counters rebuilt, scripts loaded, snapshot read)
+        for name, size in cases:
+            reset_admission_backend(backends[name])
+            request_ids = [uuid.uuid4().hex for _ in range(size)]
+            asyncio.run(reserve(request_ids))
+            records = _records(auth, request_ids)
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            if not _usage_records_write(records):
+                raise RuntimeError("the usage records were not written")
+            inserted, inserted_cpu = time.perf_counter(), time.thread_time()
+            admission_settle_records(records)
+            settled, settled_cpu = time.perf_counter(), time.thread_time()
+            if step >= 3:
+                insert_s[(name, size)].append(inserted - started)
+                settle_s[(name, size)].append(settled - inserted)
+                cpu_s[(name, size)].append((inserted_cpu - started_cpu, settled_cpu - inserted_cpu))
+    reset_admission_backend()
+    rows = []
+    for case in cases:
+        inserts, settles = insert_s[case], settle_s[case]
+        rows.append({
+            "backend": case[0], "records_per_step": case[1], "steps": len(inserts),
+            "insert_p50_us": round(statistics.median(inserts) * 1e6, 1),
+            "settle_p50_us": round(statistics.median(settles) * 1e6, 1),
+            "settle_per_record_p50_us": round(statistics.median(settles) * 1e6 / case[1], 1),
+            "settle_over_insert_pct": round(statistics.median(s / i for s, i in zip(settles, inserts)) * 100, 2),
+            "insert_cpu_p50_us": round(statistics.median(i for i, _ in cpu_s[case]) * 1e6, 1),
+            "settle_cpu_p50_us": round(statistics.median(s for _, s in cpu_s[case]) * 1e6, 1),
+        })
+    return rows
 
 
 def main() -> None:
@@ -157,6 +224,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=50)
     parser.add_argument("--calls", type=int, default=400, help="admissions per round in the cost measurement")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=200, help="worker steps per case in the settle measurement")
+    parser.add_argument("--batch", type=int, default=16, help="records of a pipelined step (settle measurement)")
+    parser.add_argument("--part", choices=("all", "overshoot", "cost", "settle"), default="all")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -165,6 +235,7 @@ def main() -> None:
     from datetime import datetime, timezone
 
     from django.conf import settings
+    from django.db import connection
 
     from billing.admission import get_admission_backend
     from billing.models import Price
@@ -186,23 +257,27 @@ def main() -> None:
                                           tier=tier, **fields))
         return made[-1].pk
 
+    everything = dict(requests_per_minute=10**6, tokens_per_minute=10**9, max_concurrent_requests=10**4,
+                      monthly_token_quota=10**12, monthly_spend_limit_micros=10**9)
+    result: dict = {}
     try:
-        result = {
-            "rpm_10_admitted": overshoot(prefix=prefix, tenant_id=tenant(requests_per_minute=10),
-                                         processes=args.processes, requests=args.requests),
-        }
-        budget_tenant = tenant(monthly_spend_limit_micros=worst_nanos * 10 // 1000)
-        result["budget_10_admitted"] = overshoot(prefix=prefix, tenant_id=budget_tenant, processes=args.processes,
-                                                 requests=args.requests)
-        backend = get_admission_backend()
-        spent = [int(v) for k, v in ((k, backend.redis.get(k)) for k in backend.redis.scan_iter(
-            match=f"{backend.prefix}:q:t{budget_tenant}:*:spend")) if v is not None]
-        result["budget_spent_nanos"], result["budget_limit_nanos"] = sum(spent), worst_nanos * 10
-        everything = tenant(requests_per_minute=10**6, tokens_per_minute=10**9, max_concurrent_requests=10**4,
-                            monthly_token_quota=10**12, monthly_spend_limit_micros=10**9)
-        result["cost"] = [cost(tenant_id=everything, calls=args.calls, rounds=args.rounds, backend_name=name)
-                          for name in ("memory", "redis")]
-        result["processes"], result["requests"] = args.processes, args.requests
+        if args.part in ("all", "overshoot"):
+            result["rpm_10_admitted"] = overshoot(prefix=prefix, tenant_id=tenant(requests_per_minute=10),
+                                                  processes=args.processes, requests=args.requests)
+            budget_tenant = tenant(monthly_spend_limit_micros=worst_nanos * 10 // 1000)
+            result["budget_10_admitted"] = overshoot(prefix=prefix, tenant_id=budget_tenant,
+                                                     processes=args.processes, requests=args.requests)
+            backend = get_admission_backend()
+            spent = [int(v) for k, v in ((k, backend.redis.get(k)) for k in backend.redis.scan_iter(
+                match=f"{backend.prefix}:q:t{budget_tenant}:*:spend")) if v is not None]
+            result["budget_spent_nanos"], result["budget_limit_nanos"] = sum(spent), worst_nanos * 10
+            result["processes"], result["requests"] = args.processes, args.requests
+        if args.part in ("all", "cost"):
+            result["cost"] = [cost(tenant_id=tenant(**everything), calls=args.calls, rounds=args.rounds,
+                                   backend_name=name) for name in ("memory", "redis")]
+        if args.part in ("all", "settle"):
+            result["settle"] = settle_cost(tenant_id=tenant(**everything), steps=args.steps, batch=args.batch)
+            result["database"] = connection.vendor
     finally:
         from billing.admission import reset_admission_backend
 
@@ -217,14 +292,19 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{args.requests} concurrent requests from {args.processes} processes:")
-    print(f"  10 requests per minute: {result['rpm_10_admitted']} admitted")
-    print(f"  budget for 10 worst cases: {result['budget_10_admitted']} admitted, counter "
-          f"{result['budget_spent_nanos']} of {result['budget_limit_nanos']} nano-USD")
-    for row in result["cost"]:
+    if "rpm_10_admitted" in result:
+        print(f"{args.requests} concurrent requests from {args.processes} processes:")
+        print(f"  10 requests per minute: {result['rpm_10_admitted']} admitted")
+        print(f"  budget for 10 worst cases: {result['budget_10_admitted']} admitted, counter "
+              f"{result['budget_spent_nanos']} of {result['budget_limit_nanos']} nano-USD")
+    for row in result.get("cost", []):
         print(f"  {row['backend']:6}: reserve p50 {row['reserve_on_p50_us']} us on, {row['reserve_off_p50_us']} us off "
-              f"(+{row['added_p50_us']} us; p99 {row['reserve_on_p99_us']} vs {row['reserve_off_p99_us']}); "
-              f"settle p50 {row['settle_p50_us']} us (the record's insert before it: {row['record_insert_p50_us']} us)")
+              f"(+{row['added_p50_us']} us; p99 {row['reserve_on_p99_us']} vs {row['reserve_off_p99_us']})")
+    for row in result.get("settle", []):
+        print(f"  settle, {row['backend']:6}, {row['records_per_step']:3d} records per step: insert p50 "
+              f"{row['insert_p50_us']} us, settle p50 {row['settle_p50_us']} us, settle / insert (median of "
+              f"{row['steps']} steps) {row['settle_over_insert_pct']}%; CPU of the thread: insert "
+              f"{row['insert_cpu_p50_us']} us, settle {row['settle_cpu_p50_us']} us")
 
 
 if __name__ == "__main__":

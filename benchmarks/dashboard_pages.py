@@ -119,8 +119,8 @@ def main() -> None:
     print(f"tenant {tenant.slug}", flush=True)
 
     owner = user_create_member(tenant=tenant, username=f"bench-owner-{tag}", role="owner",
-                               password="bench-owner-password-1")
-    staff = get_user_model().objects.create_user(f"bench-staff-{tag}", password="bench-staff-password-1",
+                               password="Lighthouse-keeper-29-at-dusk")  # unlike any username
+    staff = get_user_model().objects.create_user(f"bench-staff-{tag}", password="Lighthouse-keeper-29-at-dusk",
                                                  is_staff=True)
     client, operator = Client(), Client()
     client.force_login(owner)

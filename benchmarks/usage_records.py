@@ -6,8 +6,9 @@ database in DATABASE_URL (migrated), in the same run:
 
 - one at a time: `usage_record_create` (a key check, then get_or_create in a
   transaction: five or six round trips per record);
-- batched: `usage_records_insert` (a key check for the batch and one
-  `INSERT ... ON CONFLICT DO NOTHING`), at batch sizes 1 and --batch.
+- batched: `usage_records_insert` (one `INSERT ... SELECT ... ON CONFLICT DO
+  NOTHING`, the keys' check a join in it: billing.services.usage_sql), at
+  batch sizes 1 and --batch.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/llm_api_bench python benchmarks/usage_records.py
     python benchmarks/usage_records.py --records 640 --rounds 5 --json

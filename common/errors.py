@@ -88,8 +88,9 @@ def error_body(message: str, *, error_type: str, param: str | None = None, code:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
-def _count_error(status: int, body: dict) -> None:
-    """The operator console's errors by code (common.live_counts)."""
+def count_error(status: int, body: dict) -> None:
+    """The operator console's errors by code (common.live_counts): every error the API sends, as a
+    response here, or mid-stream (an SSE error event, a WebSocket error frame) where those are sent."""
     from common.live_counts import ERRORS, count_event
 
     error = body.get("error") or {}
@@ -98,7 +99,7 @@ def _count_error(status: int, body: dict) -> None:
 
 def error_json_response(exc: ApiError) -> JsonResponse:
     body = exc.body()
-    _count_error(exc.status_code, body)
+    count_error(exc.status_code, body)
     response = JsonResponse(body, status=exc.status_code)
     for name, value in exc.headers.items():
         response[name] = value
@@ -138,7 +139,7 @@ def openai_exception_handler(exc: Exception, context: dict) -> Response | None:
     """DRF EXCEPTION_HANDLER: every client-caused error in the OpenAI shape (and counted by code)."""
     response = _drf_error_response(exc)
     if response is not None:
-        _count_error(response.status_code, response.data)
+        count_error(response.status_code, response.data)
     return response
 
 

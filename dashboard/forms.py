@@ -1,4 +1,4 @@
-"""The dashboard's forms: the usage filter, a new API key (with its own limits), the owner's budget."""
+"""The dashboard's forms: the usage filter, a new API key (with its own limits), the owner's budget and its alerts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django import forms
 
 from dashboard.selectors.usage import MAX_RANGE_DAYS
 from tenants.models import ApiKey
+from tenants.services.limits import MAX_ALERT_PERCENT, MAX_ALERTS
 
 SCOPE_CHOICES = [(scope, scope) for scope in ApiKey.ALL_SCOPES]
 
@@ -68,3 +69,19 @@ class ApiKeyCreateForm(forms.Form):
 class BudgetForm(forms.Form):
     monthly_budget_usd = forms.DecimalField(required=False, min_value=Decimal("0"), decimal_places=6, max_digits=15,
                                             label="Monthly budget (USD)", help_text="0 or empty: no budget")
+
+
+class BudgetAlertsForm(forms.Form):
+    alert_percents = forms.CharField(required=False, max_length=60, label="Budget alerts at (% of the budget)",
+                                     help_text="comma-separated whole percentages, e.g. 50, 80, 100; "
+                                               "empty: the platform's")
+
+    def clean_alert_percents(self) -> list[int]:
+        text = self.cleaned_data.get("alert_percents", "")
+        try:
+            values = sorted({int(part) for part in text.replace(" ", "").split(",") if part})
+        except ValueError:
+            raise forms.ValidationError("Whole percentages separated by commas.") from None
+        if any(p < 1 or p > MAX_ALERT_PERCENT for p in values) or len(values) > MAX_ALERTS:
+            raise forms.ValidationError(f"At most {MAX_ALERTS} percentages from 1 to {MAX_ALERT_PERCENT}.")
+        return values

@@ -13,6 +13,7 @@ urlpatterns = [
     path("<slug:slug>/keys/", keys.keys, name="keys"),
     path("<slug:slug>/keys/<str:key_id>/revoke/", keys.key_revoke, name="key-revoke"),
     path("<slug:slug>/settings/", keys.tenant_settings, name="settings"),
+    path("<slug:slug>/settings/alerts/", keys.budget_alerts, name="budget-alerts"),
     path("<slug:slug>/invoices/", pages.invoices, name="invoices"),
     path("<slug:slug>/invoices/<int:invoice_id>/", pages.invoice_detail, name="invoice"),
 ]

@@ -30,7 +30,7 @@ import logging
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from common.errors import ApiError, AuthenticationError, InvalidRequest, RateLimited, error_body
+from common.errors import ApiError, AuthenticationError, InvalidRequest, RateLimited, count_error, error_body
 from inference.api.events import job_chunks
 from inference.api.parsing import json_object_parse
 from inference.api.responses import response_builder, usage_body
@@ -178,8 +178,9 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             await self._error(exc, client_id)
         except Exception:
             logger.exception("websocket request %s failed", client_id)
-            await self._send({"type": "error", "id": client_id, "error": error_body(
-                "The server had an error while processing your request.", error_type="server_error")["error"]})
+            body = error_body("The server had an error while processing your request.", error_type="server_error")
+            count_error(500, body)
+            await self._send({"type": "error", "id": client_id, "error": body["error"]})
         finally:
             if self.in_flight.get(client_id) is entry:
                 del self.in_flight[client_id]
@@ -203,7 +204,9 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHORIZED)
 
     async def _error(self, exc: ApiError, client_id: str | None = None) -> None:
-        frame = {"type": "error", "error": exc.body()["error"]}
+        body = exc.body()
+        count_error(exc.status_code, body)  # the console's errors by code, as for an HTTP error response
+        frame = {"type": "error", "error": body["error"]}
         if client_id is not None:
             frame["id"] = client_id
         await self._send(frame)

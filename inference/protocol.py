@@ -7,6 +7,14 @@ per web process, not per request, so that is one channel-layer message per web
 process per step whatever the number of streams; the web process routes each
 event by its `request_id` (inference.api.replies).
 
+Sequence numbers: a request's events are numbered 1, 2, ... in the order the
+worker made them (`seq`; the `Done` carries the number after its last `Delta`;
+0: not numbered, e.g. the reaper's error for a dead worker's request). The
+worker keeps what it could not deliver and sends it again, in order, once the
+channel layer is back (inference.worker.events); the web side drops a number
+it already has and ends a stream whose next number never came with an error
+instead of `[DONE]` over missing text (inference.api.events).
+
 Both sides import this module and nothing of each other; the event type
 strings live here only (a test checks that). On the channel layer a batch
 travels as `Batch.encode()`, a dict of plain values (channels_redis packs it
@@ -87,14 +95,16 @@ class Delta:
     text: str
     token_ids: list[int]
     logprobs: list[dict] | None = None
+    seq: int = 0  # this request's event number (module docstring); 0: not numbered
 
     def encode(self) -> dict[str, Any]:
         return {"type": DELTA, "request_id": self.request_id, "text": self.text, "token_ids": self.token_ids,
-                "logprobs": self.logprobs}
+                "logprobs": self.logprobs, "seq": self.seq}
 
     @classmethod
     def decode(cls, data: dict) -> Delta:
-        return cls(data["request_id"], data.get("text") or "", list(data.get("token_ids") or ()), data.get("logprobs"))
+        return cls(data["request_id"], data.get("text") or "", list(data.get("token_ids") or ()), data.get("logprobs"),
+                   int(data.get("seq") or 0))
 
 
 @dataclass(slots=True)
@@ -112,10 +122,11 @@ class Done:
     timing: Timing = field(default_factory=Timing)
     error: str | None = None
     error_param: str | None = None
+    seq: int = 0  # the number after the request's last Delta; 0: not numbered
 
     def encode(self) -> dict[str, Any]:
         data = {"type": DONE, "request_id": self.request_id, "finish_reason": self.finish_reason,
-                "usage": self.usage.encode(), "timing": self.timing.encode(), "error": self.error}
+                "usage": self.usage.encode(), "timing": self.timing.encode(), "error": self.error, "seq": self.seq}
         if self.error_param is not None:
             data["error_param"] = self.error_param
         return data
@@ -123,7 +134,7 @@ class Done:
     @classmethod
     def decode(cls, data: dict) -> Done:
         return cls(data["request_id"], data.get("finish_reason") or "error", Usage.decode(data.get("usage")),
-                   Timing.decode(data.get("timing")), data.get("error"), data.get("error_param"))
+                   Timing.decode(data.get("timing")), data.get("error"), data.get("error_param"), int(data.get("seq") or 0))
 
 
 Event = Delta | Done

@@ -30,3 +30,45 @@ async def aserved_model_get_for_tier(*, tier: Tier, name: str) -> ServedModel | 
     if not _plausible_name(name) or not tier.allows_model(name):
         return None
     return await ServedModel.objects.filter(enabled=True, name=name).afirst()
+
+
+def readiness(*, model: str) -> dict[str, str]:
+    """What /readyz reports: "ok" or why not, for the database, the queue's Redis and the model's workers
+    (a worker counts once its heartbeat says "serving": its model is loaded). The embedded mode has no
+    Redis and serves from its own thread once asked."""
+    from django.conf import settings
+    from django.db import DatabaseError, connection
+
+    from inference.queue import get_job_queue
+
+    checks: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except DatabaseError as exc:
+        checks["database"] = f"unavailable: {exc}".strip()[:200]
+    if settings.EMBEDDED_WORKER:
+        return checks
+    try:
+        workers = get_job_queue().live_workers(model)
+        checks["redis"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - QueueUnavailable, or anything Redis raised
+        checks["redis"] = f"unavailable: {exc.__cause__ or exc}"[:200]
+        checks["workers"] = "unknown"
+        return checks
+    serving = [w for w in workers if w.get("status") == "serving"]
+    checks["workers"] = "ok" if serving else f"no worker serves {model} ({len(workers)} loading or draining)"
+    return checks
+
+
+def worker_ready(*, model: str | None, host: str, worker_id: str | None = None) -> bool:
+    """A worker on `host` (of `model`, or with `worker_id`) has its model loaded and takes work."""
+    from inference.queue import get_job_queue
+
+    for info in get_job_queue().live_workers(model):
+        if worker_id is not None and info.get("worker_id") != worker_id:
+            continue
+        if info.get("host") == host and info.get("status") == "serving":
+            return True
+    return False

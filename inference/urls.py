@@ -6,6 +6,8 @@ from .api import views as api_views
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics, name="metrics"),
+    path("livez", views.livez, name="livez"),
+    path("readyz", views.readyz, name="readyz"),
     path("v1/openapi.json", views.OpenApiDocument.as_view(), name="openapi"),
     path("v1/models", views.ModelListApi.as_view(), name="models"),
     path("v1/models/<path:model_id>", views.ModelDetailApi.as_view(), name="model-detail"),

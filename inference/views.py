@@ -23,6 +23,22 @@ from tenants.openapi import ref
 logger = logging.getLogger(__name__)
 
 
+def livez(request):
+    """Liveness: 200 while the process answers (restart it when this fails); checks nothing else."""
+    return JsonResponse({"status": "ok"})
+
+
+def readyz(request):
+    """Readiness: 200 only when this process can serve a completion now: the database and Redis answer
+    and a worker with its model loaded (heartbeat status "serving") serves the default model; else 503
+    with what is missing (take it out of the load balancer meanwhile)."""
+    from inference.selectors import readiness
+
+    checks = readiness(model=settings.DEFAULT_MODEL)
+    ready = all(value == "ok" for value in checks.values())
+    return JsonResponse({"status": "ok" if ready else "unavailable", **checks}, status=200 if ready else 503)
+
+
 def healthz(request):
     """For load balancers: 200 when the process is up and the database answers, else 503."""
     try:

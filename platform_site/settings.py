@@ -15,6 +15,7 @@ REDIS_URL     absent: embedded backends (in-memory channel layer, in-process
 """
 
 import os
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -130,6 +131,10 @@ DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL or f"sqlite:///{BASE_DIR / 'db.sqlite3'}",
         conn_max_age=int(ENV.get("DB_CONN_MAX_AGE", "0")),
+        # a persistent connection is checked before a request reuses it, and with DB_POOL each pooled one
+        # as it leaves the pool (Django passes psycopg's ConnectionPool.check_connection): none left
+        # broken by a database restart answers a 500
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -193,6 +198,17 @@ KERNELS_TUNE_MALLOC = env_flag("KERNELS_TUNE_MALLOC")
 QUEUE_KEY_PREFIX = ENV.get("QUEUE_KEY_PREFIX", "llmq")
 QUEUE_MAX_DEPTH = int(ENV.get("QUEUE_MAX_DEPTH", "10000"))
 WORKER_HEARTBEAT_TIMEOUT_S = float(ENV.get("WORKER_HEARTBEAT_TIMEOUT_S", "10"))
+# Each process keeps its finished requests' usage records in a SQLite file here (fsynced) until they are
+# written to PostgreSQL and their reservations settled (inference.worker.spool); a restarted worker
+# writes what a dead one left. Production: a persistent local folder, one per host.
+WORKER_SPOOL_DIR = ENV.get("WORKER_SPOOL_DIR", "") or (
+    str(Path(tempfile.gettempdir()) / f"llm-spool-test-{os.getpid()}") if TESTING
+    else str(BASE_DIR / "var" / "spool"))
+# Web readiness (/readyz) and worker liveness of reply channels: a web process refreshes a Redis key per
+# reply channel every REPLY_ALIVE_INTERVAL_S; a worker cancels the jobs of a channel whose key is gone
+# (its web process died) after REPLY_ALIVE_TIMEOUT_S.
+REPLY_ALIVE_INTERVAL_S = float(ENV.get("REPLY_ALIVE_INTERVAL_S", "1"))
+REPLY_ALIVE_TIMEOUT_S = float(ENV.get("REPLY_ALIVE_TIMEOUT_S", "3"))
 # `manage.py bootstrap`: the admin user it creates (ADMIN_PASSWORD unset: generated and printed once)
 # and the base URL it prints.
 BOOTSTRAP_ADMIN_USERNAME = ENV.get("ADMIN_USERNAME", "admin")

@@ -70,6 +70,8 @@ class Tenant(models.Model):
     monthly_token_quota = models.BigIntegerField(null=True, blank=True, help_text="Empty: the tier's; 0 means unlimited")
     # Tenants in the same non-empty group may share prefix-cache blocks (operator decision).
     cache_share_group = models.CharField(max_length=60, blank=True, default="")
+    # Percentages of the monthly budget at which the owners are e-mailed (empty: BUDGET_ALERT_PERCENTS).
+    budget_alert_percents = models.JSONField(default=list, blank=True, help_text="Empty: the platform's thresholds")
     created_at = models.DateTimeField(default=timezone.now)
     # Billing periods (invoices, budgets, quotas, dashboard days) start at local midnight here.
     # (Declared last: the name shadows django.utils.timezone inside this class body.)

@@ -151,8 +151,13 @@ class AdmissionBackend(abc.ABC):
     def settle(self, request_id: str, actual: Actual) -> list[CounterAfter] | None:
         """Consume the reservation once; None when there was none (unknown or already settled)."""
 
-    def settle_many(self, items: list[tuple[str, Actual]]) -> list[list[CounterAfter] | None]:
-        return [self.settle(request_id, actual) for request_id, actual in items]
+    def settle_many(self, items: list[tuple[str, Actual]]) -> list[CounterAfter]:
+        """Settle each of `items` (a worker's step) as `settle` does; each counter they had reserved
+        on comes back once, with its value after all of them (what the budget alerts read)."""
+        after: dict[str, CounterAfter] = {}
+        for request_id, actual in items:
+            after.update((counter.key, counter) for counter in self.settle(request_id, actual) or ())
+        return list(after.values())
 
     async def asettle(self, request_id: str, actual: Actual) -> list[CounterAfter] | None:
         return await asyncio.to_thread(self.settle, request_id, actual)

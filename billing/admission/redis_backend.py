@@ -1,7 +1,7 @@
 """The Redis admission backend: every web process and worker shares its counters.
 
 One script call per admission (`ADMIT`: every check and every take, one round
-trip) and per settlement; a worker settles a step's requests in one pipeline.
+trip) and per settlement; a worker settles a step's requests in one call.
 Redis errors become `AdmissionUnavailable`: the caller refuses the request
 (fail closed), it never admits one unchecked.
 """
@@ -9,13 +9,19 @@ Redis errors become `AdmissionUnavailable`: the caller refuses the request
 from __future__ import annotations
 
 import asyncio
+import json
 import weakref
 
 import redis
 import redis.asyncio
 
+from common.cache import TtlCache
+
 from . import redis_scripts as lua
 from .base import Actual, AdmissionBackend, AdmissionUnavailable, BucketState, CounterAfter, Decision, Plan, Refusal
+
+SETTLE_CHUNK = 256  # requests per SETTLE call (Lua's unpack takes a few thousand values at most)
+ALERT_MEMO_S = 86400.0  # an alert key is per threshold and period: marked, it stays marked
 
 
 def _plan_args(prefix: str, plan: Plan) -> list:
@@ -48,12 +54,10 @@ def _decision(plan: Plan, reply: list) -> Decision:
     return Decision(admitted=True, buckets=states)
 
 
-def _settled(reply: list) -> list[CounterAfter] | None:
-    if int(reply[0]) == 0:
-        return None
-    items = reply[1:]
-    return [CounterAfter(key=str(items[i]), kind=str(items[i + 1]), value=int(items[i + 2]), limit=int(items[i + 3]))
-            for i in range(0, len(items), 4)]
+def _settled(reply: list) -> tuple[int, list[CounterAfter]]:
+    """SETTLE's reply: how many reservations were settled, and the counters after."""
+    return int(reply[0]), [CounterAfter(key=str(reply[i]), kind=str(reply[i + 1]), value=int(reply[i + 2]),
+                                        limit=int(reply[i + 3])) for i in range(1, len(reply), 4)]
 
 
 class RedisAdmission(AdmissionBackend):
@@ -64,6 +68,8 @@ class RedisAdmission(AdmissionBackend):
         self.prefix = prefix if prefix.startswith("{") else "{" + prefix + "}"
         self._scripts = {name: self.redis.register_script(getattr(lua, name))
                          for name in ("ADMIT", "SETTLE", "STALE", "SEED")}
+        self._alerts_marked: TtlCache[str, bool] = TtlCache("admission alert marks", ttl=ALERT_MEMO_S,
+                                                            max_entries=10_000)
         # redis.asyncio clients belong to the event loop that made them
         self._async: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -86,26 +92,32 @@ class RedisAdmission(AdmissionBackend):
         return _decision(plan, self._call("ADMIT", *_plan_args(self.prefix, plan)[1:]))
 
     async def aadmit(self, plan: Plan) -> Decision:
-        try:
-            reply = await self._async_script()(keys=[], args=_plan_args(self.prefix, plan))
-        except redis.RedisError as exc:
-            raise AdmissionUnavailable(str(exc)) from exc
+        for attempt in range(2):
+            try:
+                reply = await self._async_script()(keys=[], args=_plan_args(self.prefix, plan))
+                break
+            except redis.ConnectionError as exc:
+                # After a Redis restart the pool's idle connections are dead: the first call on one fails
+                # without reaching the server (and the connection is dropped); the second takes a new one.
+                if attempt:
+                    raise AdmissionUnavailable(str(exc)) from exc
+            except redis.RedisError as exc:
+                raise AdmissionUnavailable(str(exc)) from exc
         return _decision(plan, reply)
 
     def settle(self, request_id: str, actual: Actual) -> list[CounterAfter] | None:
-        return _settled(self._call("SETTLE", request_id, actual.tokens, actual.quota, actual.spend))
+        settled, after = self._settle([(request_id, actual)])
+        return after if settled else None
 
-    def settle_many(self, items: list[tuple[str, Actual]]) -> list[list[CounterAfter] | None]:
-        if len(items) < 2:
-            return [self.settle(rid, actual) for rid, actual in items]
-        try:
-            pipe = self.redis.pipeline(transaction=False)
-            for rid, actual in items:
-                self._scripts["SETTLE"](keys=[], args=[self.prefix, rid, actual.tokens, actual.quota, actual.spend],
-                                        client=pipe)
-            return [_settled(reply) for reply in pipe.execute()]
-        except redis.RedisError as exc:
-            raise AdmissionUnavailable(str(exc)) from exc
+    def settle_many(self, items: list[tuple[str, Actual]]) -> list[CounterAfter]:
+        """One script call per SETTLE_CHUNK requests (a worker's step: one): one round trip."""
+        after: dict[str, CounterAfter] = {}
+        for start in range(0, len(items), SETTLE_CHUNK):
+            after.update((counter.key, counter) for counter in self._settle(items[start:start + SETTLE_CHUNK])[1])
+        return list(after.values())
+
+    def _settle(self, items: list[tuple[str, Actual]]) -> tuple[int, list[CounterAfter]]:
+        return _settled(self._call("SETTLE", json.dumps([(rid, a.tokens, a.quota, a.spend) for rid, a in items])))
 
     def open_reserved(self, key: str) -> int:
         try:
@@ -139,12 +151,18 @@ class RedisAdmission(AdmissionBackend):
         return reservations, slots
 
     def alert_mark(self, key: str, ttl_s: int) -> bool:
+        """SET NX once per process and key: a budget past a threshold asks on every settlement after."""
+        if key in self._alerts_marked:
+            return False
         try:
-            return bool(self.redis.set(key, "1", nx=True, ex=max(1, int(ttl_s))))
+            first = bool(self.redis.set(key, "1", nx=True, ex=max(1, int(ttl_s))))
         except redis.RedisError as exc:
             raise AdmissionUnavailable(str(exc)) from exc
+        self._alerts_marked.set(key, True)
+        return first
 
     def flush(self) -> None:
+        self._alerts_marked.clear()
         keys = list(self.redis.scan_iter(match=self.prefix + ":*", count=1000))
         if keys:
             self.redis.delete(*keys)

@@ -95,36 +95,62 @@ redis.call('ZADD', P..':resdl', now + hold, rid)
 return out
 """
 
-# ARGV: P, rid, tokens, quota, spend -> {0} nothing to settle | {1, key, kind, value, limit, ...}
+# ARGV: P, JSON [[rid, tokens, quota, spend], ...] (a worker's step in one call, its arguments in one string)
+# -> {settled, then per counter the requests had reserved on: key, kind, value after, limit}
+# Each bucket, slot and counter is written once for all the requests that reserved on it: the
+# refunds of a bucket add up (max(now, tat - a - b) = max(now, max(now, tat - a) - b) for a, b >= 0),
+# the corrections of a counter too.
 SETTLE = r"""
-local P, rid = ARGV[1], ARGV[2]
-local actual = {tokens = tonumber(ARGV[3]), quota = tonumber(ARGV[4]), spend = tonumber(ARGV[5])}
-local res_key = P..':res:'..rid
-local raw = redis.call('GET', res_key)
-redis.call('ZREM', P..':resdl', rid)
-if not raw then return {0} end
-redis.call('DEL', res_key)
-local res = cjson.decode(raw)
+local P = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-for _, b in ipairs(res.b) do
-  if b[2] == 'tokens' then
-    local refund = b[4] - actual.tokens
-    local tat = redis.call('GET', b[1])
-    if refund > 0 and tat then
-      local back = math.max(now, tonumber(tat) - refund * b[3])
-      local ttl = redis.call('PTTL', b[1])
-      redis.call('SET', b[1], string.format('%.6f', back), 'PX', math.max(1, ttl))
+local settled, rids = 0, {}
+local back, buckets = {}, {}  -- bucket key -> seconds its TAT moves back
+local holders, slots = {}, {}  -- slot key -> request ids freed
+local delta, info, openers, counters = {}, {}, {}, {}  -- counter key -> correction, {kind, limit}, request ids
+for _, item in ipairs(cjson.decode(ARGV[2])) do
+  local rid = item[1]
+  local actual = {tokens = item[2], quota = item[3], spend = item[4]}
+  rids[#rids + 1] = rid
+  local res_key = P..':res:'..rid
+  local raw = redis.call('GET', res_key)
+  if raw then
+    redis.call('DEL', res_key)
+    settled = settled + 1
+    local res = cjson.decode(raw)
+    for _, b in ipairs(res.b) do
+      local refund = b[4] - actual.tokens
+      if b[2] == 'tokens' and refund > 0 then
+        if not back[b[1]] then back[b[1]] = 0; buckets[#buckets + 1] = b[1] end
+        back[b[1]] = back[b[1]] + refund * b[3]
+      end
+    end
+    for _, key in ipairs(res.s) do
+      if not holders[key] then holders[key] = {}; slots[#slots + 1] = key end
+      holders[key][#holders[key] + 1] = rid
+    end
+    for _, c in ipairs(res.c) do
+      if not delta[c[1]] then delta[c[1]] = 0; info[c[1]] = {c[2], c[4]}; openers[c[1]] = {}; counters[#counters + 1] = c[1] end
+      delta[c[1]] = delta[c[1]] + (actual[c[2]] or 0) - c[3]
+      openers[c[1]][#openers[c[1]] + 1] = rid
     end
   end
 end
-for _, key in ipairs(res.s) do redis.call('ZREM', key, rid) end
-local out = {1}
-for _, c in ipairs(res.c) do
-  redis.call('HDEL', c[1]..':open', rid)
-  if redis.call('EXISTS', c[1]) == 1 then
-    local value = redis.call('INCRBY', c[1], (actual[c[2]] or 0) - c[3])
-    out[#out + 1] = c[1]; out[#out + 1] = c[2]; out[#out + 1] = value; out[#out + 1] = c[4]
+redis.call('ZREM', P..':resdl', unpack(rids))
+for _, key in ipairs(buckets) do
+  local tat = redis.call('GET', key)
+  if tat then
+    local ttl = redis.call('PTTL', key)
+    redis.call('SET', key, string.format('%.6f', math.max(now, tonumber(tat) - back[key])), 'PX', math.max(1, ttl))
+  end
+end
+for _, key in ipairs(slots) do redis.call('ZREM', key, unpack(holders[key])) end
+local out = {settled}
+for _, key in ipairs(counters) do
+  redis.call('HDEL', key..':open', unpack(openers[key]))
+  if redis.call('EXISTS', key) == 1 then
+    out[#out + 1] = key; out[#out + 1] = info[key][1]
+    out[#out + 1] = redis.call('INCRBY', key, delta[key]); out[#out + 1] = info[key][2]
   end
 end
 return out

@@ -68,3 +68,25 @@ class FillState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} filled to {self.end:%Y-%m-%d %H}:00"
+
+
+class DailyLatency(models.Model):
+    """One tenant's closed local day (in the zone it had when built): requests, errors, exact TTFT p50/p95.
+
+    Built by the hourly rollup when it fills past the day's end, rebuilt with
+    any hour of the day it refills (billing.services.latency_rollups).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    timezone = models.CharField(max_length=64)
+    day = models.DateField(help_text="The tenant's local date")
+    requests = models.BigIntegerField(default=0)
+    errors = models.BigIntegerField(default=0)
+    ttft_p50_s = models.FloatField(null=True, blank=True)
+    ttft_p95_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "timezone", "day"], name="daily_latency_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.day} ({self.timezone})"

@@ -33,6 +33,7 @@ from billing.admission.headers import quota_message, rate_message, ratelimit_hea
 from billing.periods import Period, month_containing
 from tenants.services.limits import ScopeLimits, key_limits, tenant_limits
 from common.errors import InsufficientQuota, RateLimited, ServiceUnavailable
+from common.outage import Outage
 from common.live_counts import REFUSALS, count_event
 
 logger = logging.getLogger(__name__)
@@ -107,8 +108,12 @@ async def _pricing_snapshot():
 
 
 # ---------------------------------------------------------------- web side
+_counters_outage = Outage(logger, "admission counters (Redis)")
+_settle_outage = Outage(logger, "settling reservations: admission counters (Redis)")
+
+
 def _unavailable(exc: Exception) -> ServiceUnavailable:
-    logger.error("admission counters unreachable: %s", exc)
+    _counters_outage.failed(exc)
     return ServiceUnavailable(
         "Rate limits and budgets cannot be checked right now, so no request is admitted. Please retry shortly.",
         code="limits_unavailable", headers={"Retry-After": "5"},
@@ -159,6 +164,7 @@ async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens
             raise AdmissionUnavailable(f"counters {decision.missing} missing after {MAX_REBUILDS} rebuilds")
     except AdmissionUnavailable as exc:
         raise _unavailable(exc) from exc
+    _counters_outage.ok()
     if decision.admitted:
         return Admission(request_id=request_id, reserved=True, headers=ratelimit_headers(decision.buckets))
     refusal = decision.refusal
@@ -199,26 +205,27 @@ async def aadmission_release(*, admission: Admission | None) -> None:
 
 
 # ---------------------------------------------------------------- worker side
-def admission_settle_records(records: list[dict]) -> None:
-    """Settle the reservations of finished requests (usage-record fields) to what each used. Never raises."""
+def admission_settle_records(records: list[dict]) -> bool:
+    """Settle the reservations of finished requests (usage-record fields) to what each used. Never raises;
+    False when the counters could not be reached (settling again later is safe: a reservation is
+    consumed once, a second settlement finds nothing)."""
     if not records or not settings.ADMISSION_ENABLED:
-        return
+        return True
     from billing.services.admission_ledger import budget_alerts_check, record_actual
-    from billing.services.price_cache import pricing_snapshot
 
     backend = get_admission_backend()
     try:
-        snapshot = pricing_snapshot()
-        items = [(record["request_id"], record_actual(record, snapshot)) for record in records]
-        results = backend.settle_many(items)
-        after = [counter for result in results if result for counter in result]
+        items = [(record["request_id"], record_actual(record)) for record in records]
+        after = backend.settle_many(items)
         if after:
-            due = budget_alerts_check(backend=backend, after=after, percents=settings.BUDGET_ALERT_PERCENTS,
-                                      ttl_s=40 * 86400)
+            due = budget_alerts_check(backend=backend, after=after, ttl_s=40 * 86400)
             for scope, period, percent, used, limit in due:
                 _alert_enqueue(scope=scope, period=period, percent=percent, used=used, limit=limit)
-    except Exception:  # noqa: BLE001 - the stale sweep settles what this could not
-        logger.exception("could not settle the reservations of %s", [r.get("request_id") for r in records])
+    except Exception as exc:  # noqa: BLE001 - Redis or (prices) PostgreSQL down: the caller settles again later
+        _settle_outage.failed(repr(exc))
+        return False
+    _settle_outage.ok()
+    return True
 
 
 def _alert_enqueue(**alert) -> None:

@@ -19,6 +19,7 @@ below the ledger).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,10 +27,12 @@ from django.db.models import F, Q, Sum
 
 from billing.admission.base import QUOTA, SPEND, Actual, CounterAfter
 from billing.services.costs import is_charged, usage_cost
+from common.cache import TtlCache
 
 logger = logging.getLogger(__name__)
 
 FEMTOS_PER_NANO = 1_000_000
+ALERT_PERCENTS_TTL_S = 60  # a tenant's new alert thresholds reach every worker within a minute
 
 
 def femtos_to_nanos(femtos: int) -> int:
@@ -92,28 +95,61 @@ def counter_rebuild(*, backend, key: str, start: datetime, end: datetime, ttl_s:
 def record_actual(record: dict, snapshot=None) -> Actual:
     """What a usage record (its `usage_record_fields` arguments) used, in each kind's unit."""
     from billing.services.costs import instant
+    from billing.services.price_cache import pricing_snapshot
 
     prompt, cached = int(record.get("prompt_tokens") or 0), int(record.get("cached_tokens") or 0)
     completion, reason = int(record.get("completion_tokens") or 0), record["finish_reason"]
     cached = min(max(0, cached), prompt)
     charged = is_charged(finish_reason=reason, completion_tokens=completion)
-    _, _, cost = usage_cost(
-        model=record["model"], tier=record["tier"], admitted_at=instant(record.get("admitted_at")),
-        prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, finish_reason=reason,
-        snapshot=snapshot,
-    )
+    costing = record.get("costing")  # the worker's, computed once for the record and the client
+    if costing is None:
+        costing = usage_cost(
+            model=record["model"], tier=record["tier"], admitted_at=instant(record.get("admitted_at")),
+            prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, finish_reason=reason,
+            snapshot=snapshot or pricing_snapshot(),
+        )
+    cost = costing[2]
     return Actual(tokens=prompt - cached + completion, quota=prompt + completion if charged else 0,
                   spend=femtos_to_nanos(cost.total))
 
 
-def budget_alerts_check(*, backend, after: list[CounterAfter], percents: list[int], ttl_s: int) -> list[tuple]:
-    """Mark each budget threshold a settlement crossed, once per period; (scope, period, percent) to e-mail."""
+_alert_percents: TtlCache[str, tuple[int, ...]] = TtlCache("budget alert thresholds per counter scope",
+                                                           ttl=ALERT_PERCENTS_TTL_S, max_entries=100_000)
+
+
+def alert_percents(scope: str) -> tuple[int, ...]:
+    """The budget alert thresholds of a counter's scope ("t<id>", or "k<id>": its tenant's): the tenant's own
+    (set by its owners on the dashboard), else the platform's BUDGET_ALERT_PERCENTS. Kept ALERT_PERCENTS_TTL_S."""
+    from django.conf import settings
+
+    from tenants.models import ApiKey, Tenant
+
+    def load() -> tuple[int, ...]:
+        if scope.startswith("k"):
+            own = ApiKey.objects.filter(pk=int(scope[1:])).values_list("tenant__budget_alert_percents", flat=True).first()
+        else:
+            own = Tenant.objects.filter(pk=int(scope[1:])).values_list("budget_alert_percents", flat=True).first()
+        return tuple(sorted(own or settings.BUDGET_ALERT_PERCENTS))
+
+    return _alert_percents.get_or_load(scope, load)
+
+
+def alert_percents_forget() -> None:
+    """Drop this process's thresholds (a tenant's changed; other processes see it within the TTL)."""
+    _alert_percents.clear()
+
+
+def budget_alerts_check(*, backend, after: list[CounterAfter], ttl_s: int,
+                        percents_of: Callable[[str], Iterable[int]] = alert_percents) -> list[tuple]:
+    """Mark each budget threshold a settlement crossed, once per period; (scope, period, percent) to e-mail.
+
+    The thresholds are the counter's tenant's (`percents_of(scope)`)."""
     due = []
     for counter in after:
         if counter.kind != SPEND or counter.limit <= 0:
             continue
         used_percent = counter.value * 100 / counter.limit
-        crossed = [p for p in sorted(percents) if used_percent >= p]
+        crossed = [p for p in sorted(percents_of(CounterRef.parse(counter.key).scope)) if used_percent >= p]
         newly = [p for p in crossed if backend.alert_mark(f"{counter.key}:alert:{p}", ttl_s)]
         if newly:
             ref = CounterRef.parse(counter.key)

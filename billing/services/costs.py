@@ -66,17 +66,26 @@ def usage_cost_usd(*, model: str, tier: str, admitted_at: float | datetime | Non
 
 
 def usage_rows_cost(rows: Iterable[dict[str, Any]]) -> None:
-    """Add the cost columns to record rows (`usage_record_fields` output), one snapshot for all."""
-    snapshot = pricing_snapshot()
+    """Add the cost columns to record rows (`usage_record_fields` output), one snapshot for all.
+
+    A row that carries its `costing` (`usage_cost`'s result for the same fields: the worker computed it
+    for the client's `usage.cost`) is not costed twice.
+    """
+    snapshot = None
     for row in rows:
-        terms, milli, cost = usage_cost(
-            model=row["model"], tier=row["tier"], admitted_at=row["admitted_at"],
-            prompt_tokens=row["prompt_tokens"], cached_tokens=row["cached_tokens"],
-            completion_tokens=row["completion_tokens"], finish_reason=row["finish_reason"], snapshot=snapshot,
-        )
+        costing = row.pop("costing", None)
+        if costing is None:
+            snapshot = snapshot or pricing_snapshot()
+            costing = usage_cost(
+                model=row["model"], tier=row["tier"], admitted_at=row["admitted_at"],
+                prompt_tokens=row["prompt_tokens"], cached_tokens=row["cached_tokens"],
+                completion_tokens=row["completion_tokens"], finish_reason=row["finish_reason"], snapshot=snapshot,
+            )
+        terms, milli, cost = costing
         row["price_id"] = terms.price_id if terms is not None else None
         row["price_multiplier"] = Decimal(milli).scaleb(-3)
         row["input_cost_femtos"] = cost.input
         row["cached_input_cost_femtos"] = cost.cached_input
         row["output_cost_femtos"] = cost.output
         row["cost_femtos"] = cost.total
+

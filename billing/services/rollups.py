@@ -3,7 +3,9 @@
 After Zulip's analytics/lib/counts.py: a FillState row says how far the
 rollup is filled; a run fills every complete hour since, replacing each hour's
 rows as a whole from the records, then each touched day's rows from its hours
-(so refilling is idempotent, and a rebuild equals what it replaced). A run is one transaction holding the FillState row
+(so refilling is idempotent, and a rebuild equals what it replaced), and the
+exact TTFT percentiles of each tenant's closed local days it touched
+(billing.services.latency_rollups: percentiles cannot be summed from hours). A run is one transaction holding the FillState row
 lock: a crash rolls it back whole and the next run redoes it; two runs never
 interleave.
 
@@ -25,6 +27,7 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
+from billing.services.latency_rollups import daily_latency_refill
 
 ROLLUP = "hourly_usage"
 HOUR = timedelta(hours=1)
@@ -74,8 +77,9 @@ def hourly_rows(*, start: datetime, end: datetime) -> list[HourlyUsage]:
     return [HourlyUsage(hour=row.pop("bucket"), **row) for row in grouped]
 
 
-def _refill(start: datetime, end: datetime) -> int:
-    """Replace the hours in [start, end) from the records, then the days they fall in from their hours."""
+def _refill(start: datetime, end: datetime, closed_until: datetime) -> int:
+    """Replace the hours in [start, end) from the records, then the days they fall in from their hours, then
+    the latency figures of the tenants' local days overlapping them that end by `closed_until`."""
     HourlyUsage.objects.filter(hour__gte=start, hour__lt=end).delete()
     total = 0
     cursor = start
@@ -89,6 +93,7 @@ def _refill(start: datetime, end: datetime) -> int:
     while day < end:
         _refill_day(day)
         day += DAY
+    daily_latency_refill(start=start, end=end, closed_until=closed_until)
     return total
 
 
@@ -128,9 +133,10 @@ def hourly_usage_fill(*, now: datetime | None = None) -> FillResult:
             for created in UsageRecord.objects.filter(id__gt=state.last_record_id, created_at__lt=start)
             .values_list("created_at", flat=True)
         }
-    rows = sum(_refill(first, end) for first, end in _runs(sorted(late)))
+    closed_until = max(state.end, target)
+    rows = sum(_refill(first, end, closed_until) for first, end in _runs(sorted(late)))
     if start < target:
-        rows += _refill(start, target)
+        rows += _refill(start, target, closed_until)
     state.end = max(state.end, target)
     state.last_record_id = max(state.last_record_id, high_water)
     state.save()
@@ -141,4 +147,5 @@ def hourly_usage_fill(*, now: datetime | None = None) -> FillResult:
 @transaction.atomic
 def hourly_usage_rebuild(*, start: datetime, end: datetime) -> int:
     """Recompute the hours in [start, end) (and their days) from the records; returns the hour rows written."""
-    return _refill(hour_floor(start), hour_floor(end))
+    filled = FillState.objects.filter(name=ROLLUP).values_list("end", flat=True).first()
+    return _refill(hour_floor(start), hour_floor(end), filled or hour_floor(end))

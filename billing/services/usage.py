@@ -21,6 +21,7 @@ from django.db import IntegrityError, connection, transaction
 
 from billing.models import UsageRecord
 from billing.services.costs import instant, usage_rows_cost
+from billing.services.usage_sql import usage_insert_param, usage_insert_sql
 from tenants.models import ApiKey
 
 logger = logging.getLogger(__name__)
@@ -46,11 +47,17 @@ def usage_record_fields(
     duration_s: float = 0.0,
     worker_id: str = "",
     admitted_at: float | datetime | None = None,
+    created_at: float | datetime | None = None,
+    costing: tuple | None = None,
 ) -> dict[str, Any]:
     """The model fields of one request's record, checked and clamped (counts >= 0, cached <= prompt).
 
     `admitted_at` (the job's enqueued_at, unix seconds, or a datetime; default
-    now) picks the price version; the cost columns are added by `usage_rows_cost`.
+    now) picks the price version; the cost columns are added by `usage_rows_cost`,
+    from `costing` when the caller has it already (`usage_cost`'s result for
+    these same fields: the worker's, for the client's `usage.cost`).
+    `created_at` (default now): when the request ended, also for a record written
+    later (a worker's spool after a database outage), so it counts in its own hour.
     """
     if finish_reason not in _FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {sorted(_FINISH_REASONS)}, not {finish_reason!r}")
@@ -72,6 +79,8 @@ def usage_record_fields(
         "duration_s": max(0.0, float(duration_s)),
         "worker_id": (worker_id or "")[:100],
         "admitted_at": instant(admitted_at),
+        "created_at": instant(created_at),
+        "costing": costing,
     }
 
 
@@ -109,30 +118,29 @@ def usage_records_insert(records: Iterable[Mapping[str, Any]]) -> int:
     Each item takes `usage_record_fields`' arguments (a bad one raises
     ValueError before anything is written). A request that already has a
     record keeps it (`ON CONFLICT DO NOTHING`: the first write wins, as in
-    `usage_record_create`). The same few round trips whatever the number of
-    records (the API keys' check, then the insert in a transaction of its
-    own) instead of five or six per record.
+    `usage_record_create`). One round trip whatever the number of records
+    (billing.services.usage_sql: the API keys' check is a join in the same
+    statement), instead of five or six per record.
     """
     rows = [usage_record_fields(**record) for record in records]
     if not rows:
         return 0
     usage_rows_cost(rows)  # in the same INSERT: a record never exists without its cost
-    _drop_deleted_keys(rows)
     try:
         _insert(rows)
     except IntegrityError:
         if connection.in_atomic_block:
             raise
-        # a key deleted between the check and the insert (its foreign key is checked at commit)
-        _drop_deleted_keys(rows)
+        # a key deleted after the statement's join saw it (its foreign key is checked at commit): the join drops it now
         _insert(rows)
     return len(rows)
 
 
 def _insert(rows: list[dict[str, Any]]) -> None:
-    objects = [UsageRecord(**row) for row in rows]
+    sql, param = usage_insert_sql(connection.vendor), usage_insert_param(rows)
     if connection.in_atomic_block:  # a caller's transaction: a savepoint keeps it usable after a failure
-        with transaction.atomic():
-            UsageRecord.objects.bulk_create(objects, ignore_conflicts=True)
-    else:  # bulk_create runs the insert in a transaction of its own
-        UsageRecord.objects.bulk_create(objects, ignore_conflicts=True)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, [param])
+    else:  # one statement: it commits by itself
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [param])

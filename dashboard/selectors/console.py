@@ -19,9 +19,9 @@ from django.utils import timezone
 
 from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
 from billing.money import usd_str
+from billing.services.latency_rollups import PercentileCont, percentile_cont
 from billing.services.rollups import ROLLUP
 from common.live_counts import ERRORS, REFUSALS, event_counts
-from dashboard.selectors.usage import PercentileCont, percentile_cont
 from inference.models import ServedModel
 from inference.queue import get_job_queue
 from tenants.models import Tenant, Tier

@@ -4,20 +4,17 @@ and time to first token and error rate (from the records).
 Token and cost figures go through billing.usage_buckets (whole days or hours
 from the rollups, the part the rollup has not reached from the records), so
 they are the ledger's integers. A day is a local day of the tenant
-(selectors.days); TTFT percentiles are percentile_cont (linear interpolation)
-on PostgreSQL and the same formula in Python elsewhere.
+(selectors.days); TTFT percentiles and errors of closed days are stored by
+billing's hourly rollup (billing.services.latency_rollups), the open day's
+computed from the records with the same percentile_cont definition.
 """
 
 from __future__ import annotations
 
-import zoneinfo
 from datetime import date, timedelta
 
-from django.db import connection
-from django.db.models import Aggregate, Count, FloatField, Q
-from django.db.models.functions import TruncDate
-
 from billing.models import UsageRecord
+from billing.services.latency_rollups import latency_of_days, stored_latency
 from billing.usage_buckets import FIGURES, Query, usage_sums
 from common.cache import TtlCache
 from dashboard.selectors.days import HOUR, Days, hour_floor
@@ -25,27 +22,6 @@ from tenants.models import Tenant
 
 MAX_RANGE_DAYS = 92  # the usage page's longest range
 MODELS_USED_TTL_S = 60  # a new model shows in the filter within a minute
-
-
-class PercentileCont(Aggregate):
-    """PostgreSQL's percentile_cont(p) WITHIN GROUP (ORDER BY expression)."""
-
-    function = "percentile_cont"
-    template = "%(function)s(%(percentile)s) WITHIN GROUP (ORDER BY %(expressions)s)"
-    output_field = FloatField()
-
-    def __init__(self, expression, percentile: float, **extra):
-        super().__init__(expression, percentile=float(percentile), **extra)
-
-
-def percentile_cont(sorted_values: list[float], fraction: float) -> float | None:
-    """percentile_cont's formula: linear interpolation between the closest ranks."""
-    if not sorted_values:
-        return None
-    position = fraction * (len(sorted_values) - 1)
-    lower = int(position)
-    upper = min(lower + 1, len(sorted_values) - 1)
-    return sorted_values[lower] + (sorted_values[upper] - sorted_values[lower]) * (position - lower)
 
 
 def _empty() -> dict[str, int]:
@@ -88,38 +64,23 @@ def usage_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> di
     return out
 
 
-def _records(tenant: Tenant, start, end, models, api_key_ids):
-    records = UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end)
+def latency_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict]:
+    """Local day -> requests, errors, error_rate, ttft_p50_s, ttft_p95_s (None without a first token).
+
+    Unfiltered, the closed days the hourly rollup has reached read their stored figures (exact, built
+    from their records); the rest (the open day, days not yet built, any model or key filter) are
+    computed from the records with the same definition (billing.services.latency_rollups).
+    """
+    stored = {} if (models or api_key_ids) else stored_latency(tenant=tenant, tz=days.tz, days=days.days)
+    ends = (*days.starts[1:], days.end)
+    spans = [(day, start, end) for day, start, end in zip(days.days, days.starts, ends) if day not in stored]
+    records = UsageRecord.objects.filter(tenant=tenant)
     if models:
         records = records.filter(model__in=list(models))
     if api_key_ids:
         records = records.filter(api_key_id__in=list(api_key_ids))
-    return records.order_by()
-
-
-def latency_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict]:
-    """Local day -> requests, errors, error_rate, ttft_p50_s, ttft_p95_s (None without a first token).
-
-    PostgreSQL groups by the local date (AT TIME ZONE) and computes percentile_cont itself; elsewhere
-    each day is one range scan of the (tenant, created_at) index returning its TTFTs and outcomes
-    (a CASE over the days' bounds costs a comparison per bound and row, far more on SQLite).
-    """
-    out = {day: {"requests": 0, "errors": 0, "error_rate": 0.0, "ttft_p50_s": None, "ttft_p95_s": None}
-           for day in days.days}
-    if connection.vendor == "postgresql":
-        rows = (_records(tenant, days.start, days.end, models, api_key_ids)
-                .annotate(day=TruncDate("created_at", tzinfo=zoneinfo.ZoneInfo(days.tz))).values("day")
-                .annotate(requests=Count("id"), errors=Count("id", filter=Q(finish_reason="error")),
-                          ttft_p50_s=PercentileCont("ttft_s", 0.5), ttft_p95_s=PercentileCont("ttft_s", 0.95)))
-        for row in rows:
-            if row["day"] in out:
-                out[row.pop("day")].update(row)
-    else:
-        for day, start, end in zip(days.days, days.starts, (*days.starts[1:], days.end)):
-            outcomes = list(_records(tenant, start, end, models, api_key_ids).values_list("ttft_s", "finish_reason"))
-            ttfts = sorted(ttft for ttft, _reason in outcomes if ttft is not None)
-            out[day].update(requests=len(outcomes), errors=sum(reason == "error" for _ttft, reason in outcomes),
-                            ttft_p50_s=percentile_cont(ttfts, 0.5), ttft_p95_s=percentile_cont(ttfts, 0.95))
+    out = {**stored, **latency_of_days(records, tz=days.tz, spans=spans)}
+    out = {day: out[day] for day in days.days}
     for figures in out.values():
         figures["error_rate"] = figures["errors"] / figures["requests"] if figures["requests"] else 0.0
         for name in ("ttft_p50_s", "ttft_p95_s"):

@@ -1,9 +1,10 @@
-"""API keys (owners and members create and revoke; viewers read) and the owner's budget setting."""
+"""API keys (owners and members create and revoke; viewers read) and the owner's budget and alert settings."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
@@ -12,12 +13,13 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from billing.services.admission_ledger import alert_percents_forget
 from common.errors import ApiError
-from dashboard.forms import ApiKeyCreateForm, BudgetForm
+from dashboard.forms import ApiKeyCreateForm, BudgetAlertsForm, BudgetForm
 from dashboard.views.access import membership_or_404, require
 from tenants.selectors import api_key_get, api_key_list, api_key_status
 from tenants.services.api_keys import api_key_create, api_key_revoke
-from tenants.services.limits import limits_explain, limits_set
+from tenants.services.limits import budget_alert_percents_set, limits_explain, limits_set
 
 
 def _keys_page(request, membership, form, created=None):
@@ -82,7 +84,33 @@ def tenant_settings(request, slug: str):
             limits_set(tenant=tenant, values={"monthly_spend_limit_micros": int(budget * 1_000_000)})
             messages.success(request, "Budget saved.")
             return redirect("dashboard:settings", slug=slug)
+    return _settings_page(request, membership, form, _alerts_form(tenant))
+
+
+def _alerts_form(tenant) -> BudgetAlertsForm:
+    return BudgetAlertsForm(initial={"alert_percents": ", ".join(map(str, tenant.budget_alert_percents))})
+
+
+def _settings_page(request, membership, form, alerts_form):
+    tenant = membership.tenant
     return render(request, "dashboard/settings.html", {
-        "membership": membership, "tenant": tenant, "page": "settings", "form": form,
-        "limits": limits_explain(tenant=tenant),
+        "membership": membership, "tenant": tenant, "page": "settings", "form": form, "alerts_form": alerts_form,
+        "limits": limits_explain(tenant=tenant), "platform_alert_percents": settings.BUDGET_ALERT_PERCENTS,
     })
+
+
+@login_required
+@require_POST
+def budget_alerts(request, slug: str):
+    """The tenant's budget alert thresholds (owners only); empty: the platform's."""
+    membership = membership_or_404(request, slug)
+    require(membership.can_manage_settings)
+    form = BudgetAlertsForm(request.POST)
+    if not form.is_valid():
+        budget = BudgetForm(initial={"monthly_budget_usd": membership.tenant.monthly_spend_limit_micros / 1_000_000
+                                     or None})
+        return _settings_page(request, membership, budget, form)
+    budget_alert_percents_set(tenant=membership.tenant, percents=form.cleaned_data["alert_percents"])
+    alert_percents_forget()
+    messages.success(request, "Budget alerts saved.")
+    return redirect("dashboard:settings", slug=slug)

@@ -46,6 +46,13 @@ class EngineFailed(ApiError):
     code = "engine_error"
 
 
+class EventsLost(ServiceUnavailable):
+    """Events of a running job never reached this process (the channel layer lost them): the stream
+    ends with this error, never with `[DONE]` over missing text; the message states what was billed."""
+
+    code = "stream_interrupted"
+
+
 def _cancel_quietly(request_id: str) -> None:
     try:
         from inference.queue import get_job_queue
@@ -77,6 +84,9 @@ class JobRun:
         self.model = model
         self.done: Done | None = None
         self.cancelled = False
+        self.next_seq = 1  # the number of the next event expected (inference.protocol)
+        self.missing: tuple[int, int] | None = None  # [first, last] numbers that never came
+        self.delivered_tokens = 0  # completion tokens of the deltas handed on
         self._mailbox = reply.register(request_id)
         self._closed = False
         self._next_liveness = time.monotonic() + LIVENESS_INTERVAL_S
@@ -104,13 +114,34 @@ class JobRun:
         self.release()
 
     async def next_event(self, timeout: float | None) -> Event | None:
-        """The next event of this job, or None when `timeout` seconds pass without one."""
-        if not await self._mailbox.wait(timeout):
-            return None  # nothing is taken while waiting: no event is lost between ticks
-        event = self._mailbox.get_nowait()
-        if type(event) is Done:
-            self.done = event
-        return event
+        """The next event of this job, or None when `timeout` seconds pass without one.
+
+        Checks the sequence numbers: a number already seen (a resend) is dropped; a number past
+        the next one expected means events were lost: the job is cancelled (nobody can be given
+        coherent text any more), later deltas are dropped, and `missing` says which numbers never
+        came; `job_chunks` then ends with `EventsLost` once the `Done` arrives.
+        """
+        while True:
+            if not await self._mailbox.wait(timeout):
+                return None  # nothing is taken while waiting: no event is lost between ticks
+            event = self._mailbox.get_nowait()
+            seq = event.seq
+            if seq:
+                if seq < self.next_seq:
+                    continue
+                if seq > self.next_seq and self.missing is None:
+                    self.missing = (self.next_seq, seq - 1)
+                    logger.error("request %s: events %d-%d never arrived; cancelling it", self.request_id,
+                                 self.next_seq, seq - 1)
+                    self.cancel()
+                self.next_seq = seq + 1
+            if type(event) is Done:
+                self.done = event
+            elif self.missing is not None:
+                continue
+            else:
+                self.delivered_tokens += len(event.token_ids)
+            return event
 
     async def events(self, *, idle_s: float | None = None) -> AsyncIterator[Event | None]:
         """Yield events until the `Done` (included); None on every `idle_s` without one.
@@ -165,6 +196,20 @@ def done_error(done: Done, *, endpoint: str, max_tokens_param: str = "max_tokens
     return None
 
 
+def events_lost(run: JobRun) -> EventsLost:
+    usage = run.done.usage
+    first, last = run.missing
+    return EventsLost(
+        f"The stream was interrupted: events {first}-{last} of this request were lost between the worker and "
+        f"this server, so the text you received is incomplete ({run.delivered_tokens} of "
+        f"{usage.completion_tokens} generated tokens). Billed: {usage.prompt_tokens} prompt and "
+        f"{usage.completion_tokens} completion tokens"
+        + (f" ({usage.cost['total']} {usage.cost['currency'].upper()})." if usage.cost else ".")
+        + " Please retry.",
+        headers={"Retry-After": "1"},
+    )
+
+
 async def job_chunks(run: JobRun, builder: ResponseBuilder, *, keepalive: bool = False) -> AsyncIterator[dict | None]:
     """The response chunks of one job, in order: the role chunk (chat), a content chunk per `Delta`
     with text or logprobs, the finish chunk, then the usage chunk when `builder.include_usage`;
@@ -186,6 +231,8 @@ async def job_chunks(run: JobRun, builder: ResponseBuilder, *, keepalive: bool =
             elif type(event) is Delta and (event.text or event.logprobs):
                 yield builder.delta_chunk(text=event.text, logprobs=event.logprobs)
     done = run.done
+    if run.missing is not None:
+        raise events_lost(run)
     if done.finish_reason == "abort" and run.cancelled:
         return
     error = done_error(done, endpoint=builder.endpoint, max_tokens_param=builder.max_tokens_param)

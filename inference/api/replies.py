@@ -21,6 +21,13 @@ An engine in this same process (the embedded worker) skips the channel layer:
 the worker's sink calls `deliver` on the reply channel's event loop directly
 with the `Batch` itself (inference.protocol, in-process delivery).
 
+Liveness: while requests wait, the channel refreshes a key in the queue's
+store every settings.REPLY_ALIVE_INTERVAL_S (`JobQueue.reply_channels_touch`,
+expiring after REPLY_ALIVE_TIMEOUT_S), the first time before its job is queued
+(`alive`). A worker holding jobs of a channel whose key is gone cancels them
+(inference.worker.loop): a web process killed mid-stream leaves no job
+generating for nobody.
+
 The receive loop runs only while requests wait: when the last one leaves, the
 loop sends itself `reply.stop` and ends on reading it. A receive is never
 cancelled (only a closing event loop ends one): the Redis layer's single-reader
@@ -31,13 +38,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections import deque
 from typing import Any
 
+from django.conf import settings
+
+from common.outage import Outage
 from inference.protocol import Batch, Event, local_receiver_register
 
 logger = logging.getLogger(__name__)
+_receive_outage = Outage(logger, "web: reply channel (Redis)")
+_alive_outage = Outage(logger, "web: reply channel liveness key (Redis)")
 
 STOP = "reply.stop"
 
@@ -115,6 +128,8 @@ class ReplyChannel:
         self._task: asyncio.Task | None = None
         self._stop_sent = False
         self._receive = layer.receive  # the layer's own, unless open() finds a single-reader channel
+        self._touched_at = 0.0  # monotonic time of the last liveness refresh
+        self._toucher: asyncio.Task | None = None
 
     async def open(self) -> str:
         # An idle receive blocks in a BZPOPMIN for 5 s; settings.CHANNEL_LAYERS gives redis-py a
@@ -131,6 +146,32 @@ class ReplyChannel:
                 # an engine thread in this process (embedded worker) delivers here without the layer
                 local_receiver_register(name, self)
         return self.name
+
+    # ------------------------------------------------------------ liveness
+    async def alive(self) -> None:
+        """Refresh this channel's liveness key now unless done lately, and keep refreshing it while
+        requests wait (call before queueing a job)."""
+        if time.monotonic() - self._touched_at > settings.REPLY_ALIVE_INTERVAL_S / 2:
+            await self._touch()
+        if self._toucher is None or self._toucher.done():
+            self._toucher = self.loop.create_task(self._keep_alive(), name=f"alive {self.name}")
+
+    async def _touch(self) -> None:
+        from inference.queue import get_job_queue
+
+        try:
+            await asyncio.to_thread(get_job_queue().reply_channels_touch, [self.name],
+                                    settings.REPLY_ALIVE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - Redis away: the workers wait for the key to come back
+            _alive_outage.failed(exc)
+            return
+        _alive_outage.ok()
+        self._touched_at = time.monotonic()
+
+    async def _keep_alive(self) -> None:
+        while self._waiting:
+            await asyncio.sleep(settings.REPLY_ALIVE_INTERVAL_S)
+            await self._touch()
 
     # ------------------------------------------------------------ requests
     def register(self, request_id: str) -> Mailbox:
@@ -161,9 +202,9 @@ class ReplyChannel:
     async def _send_stop(self) -> None:
         try:
             await self.layer.send(self.name, {"type": STOP})
-        except Exception:  # noqa: BLE001 - the loop then idles in its receive until the next message
+        except Exception as exc:  # noqa: BLE001 - the loop then idles in its receive until the next message
             self._stop_sent = False
-            logger.exception("could not stop the reply loop of %s", self.name)
+            _receive_outage.failed(f"could not stop the reply loop of {self.name}: {exc!r}")
 
     async def _receive_loop(self) -> None:
         failures = 0
@@ -178,9 +219,10 @@ class ReplyChannel:
                 if task is not None and task.cancelling():
                     raise  # a cancellation the client library turned into its own error
                 failures += 1
-                logger.exception("receiving on %s failed (%d in a row)", self.name, failures)
+                _receive_outage.failed(f"receiving on {self.name} failed ({failures} in a row)")
                 await asyncio.sleep(min(1.0, 0.05 * 2**failures))
                 continue
+            _receive_outage.ok()
             if message.get("type") == STOP:
                 self._stop_sent = False
                 if not self._waiting:

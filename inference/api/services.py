@@ -18,6 +18,7 @@ from django.conf import settings
 
 from common.cache import TtlCache
 from common.errors import ApiError, InvalidRequest, ServiceUnavailable
+from common.outage import Outage
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
 from inference.api.schemas import CHAT, ApiRequest, api_param
 from inference.metrics.gateway import refusal_count
@@ -36,6 +37,7 @@ _tokenizers: TtlCache[str, object] = TtlCache("tokenizers", ttl=None, max_entrie
 # model -> True while a worker is known to serve it; a "no" is never stored
 _live_workers: TtlCache[str, bool] = TtlCache("live workers", ttl=lambda: LIVE_WORKERS_TTL_S, max_entries=1024)
 _live_rechecks = _live_workers.reloads  # model -> a background re-check in flight
+_queue_outage = Outage(logger, "web: job queue (Redis)")
 
 
 @dataclass(slots=True)
@@ -221,7 +223,7 @@ async def _capacity_check(model: str) -> None:
     known = _live_workers.entry(model)
     if known is not None:
         if _live_workers.age(known) > LIVE_WORKERS_RECHECK_S:
-            _live_rechecks.start(model, lambda: _live_workers_check(model))
+            _live_rechecks.start(model, lambda: _live_workers_recheck(model))
         return
     if await _live_workers_check(model):
         return
@@ -233,15 +235,32 @@ async def _capacity_check(model: str) -> None:
 
 
 async def _live_workers_check(model: str) -> bool:
-    """Ask the queue whether a worker serves `model`; remember a yes for LIVE_WORKERS_TTL_S."""
-    from inference.queue import get_job_queue
+    """Ask the queue whether a worker serves `model`; remember a yes for LIVE_WORKERS_TTL_S.
+    Raises QueueUnavailable (503 with Retry-After) when the queue cannot be reached."""
+    from inference.queue import QueueUnavailable, get_job_queue
 
-    workers = await asyncio.to_thread(get_job_queue().live_workers, model)
+    try:
+        workers = await asyncio.to_thread(get_job_queue().live_workers, model)
+    except QueueUnavailable as exc:
+        _live_workers.invalidate(model)
+        _queue_outage.failed(exc.__cause__ or exc)
+        raise
+    _queue_outage.ok()
     if workers:
         _live_workers.set(model, True)
     else:
         _live_workers.invalidate(model)
     return bool(workers)
+
+
+async def _live_workers_recheck(model: str) -> None:
+    """The background re-check: an unreachable queue is already logged (once) and forgotten."""
+    from inference.queue import QueueUnavailable
+
+    try:
+        await _live_workers_check(model)
+    except QueueUnavailable:
+        pass
 
 
 async def ajob_submit(*, prepared: PreparedRequest):
@@ -274,15 +293,20 @@ async def _enqueue(prepared: PreparedRequest):
 
     from inference.api.events import JobRun, job_cancel
     from inference.api.replies import reply_channel_get
-    from inference.queue import QueueFull, get_job_queue
+    from inference.queue import QueueFull, QueueUnavailable, get_job_queue
 
     reply = await reply_channel_get(get_channel_layer())
+    await reply.alive()  # a worker cancels the jobs of a channel whose liveness key is gone
     job = job_build(prepared=prepared, reply_channel=reply.name)
     # Waiting before it is queued: the first event may come before enqueue() returns.
     run = JobRun(reply=reply, request_id=prepared.request_id, model=prepared.model.name)
     queue = get_job_queue()
     try:
         await queue.aenqueue(job)  # in-process: a lock and a notify; Redis: the script, from a thread
+    except QueueUnavailable as exc:
+        run.release()
+        _queue_outage.failed(exc.__cause__ or exc)
+        raise
     except QueueFull as exc:
         run.release()
         raise ServiceUnavailable(

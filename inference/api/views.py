@@ -22,12 +22,15 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import DisallowedHost, RequestDataTooBig
+from django.db import close_old_connections
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from common.errors import ApiError, InvalidRequest, error_body, error_json_response
+from common.errors import ApiError, InvalidRequest, ServiceUnavailable, count_error, error_body, error_json_response
+from common.outage import Outage, connection_lost
 from inference.api.events import JobRun, job_chunks
 from inference.api.parsing import json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
@@ -36,6 +39,7 @@ from inference.api.services import PreparedRequest, ajob_submit, arequest_prepar
 from tenants.services.api_keys import aapi_key_authenticate
 
 logger = logging.getLogger(__name__)
+_database_outage = Outage(logger, "web: database")
 
 _MAX_CLIENT_REQUEST_ID = 512
 
@@ -91,10 +95,13 @@ async def _stream(run: JobRun, builder: ResponseBuilder) -> AsyncIterator[bytes]
                 yield b": keep-alive\n\n" if chunk is None else _sse(chunk)
         yield b"data: [DONE]\n\n"
     except ApiError as exc:
+        count_error(exc.status_code, exc.body())
         yield _sse(exc.body())
     except Exception:  # a bug after headers went out: still end with an error event
         logger.exception("stream of %s failed", run.request_id)
-        yield _sse(error_body("The server had an error while processing your request.", error_type="server_error"))
+        body = error_body("The server had an error while processing your request.", error_type="server_error")
+        count_error(500, body)
+        yield _sse(body)
 
 
 class _JobStreamingResponse(StreamingHttpResponse):
@@ -135,11 +142,18 @@ async def _serve(request, endpoint: str) -> HttpResponse:
         response = error_json_response(exc)
         if exc.status_code == 405:
             response["Allow"] = "POST"
-    except Exception:
-        logger.exception("request %s failed", request_id)
-        response = JsonResponse(
-            error_body("The server had an error while processing your request.", error_type="server_error"), status=500
-        )
+    except Exception as exc:
+        if connection_lost(exc):  # PostgreSQL (or Redis) away: the client may retry; never a 500
+            _database_outage.failed(repr(exc))
+            await sync_to_async(close_old_connections)()  # a broken connection is not kept for the next request
+            response = error_json_response(ServiceUnavailable(
+                "The service's database cannot be reached right now. Please retry shortly.",
+                code="database_unavailable", headers={"Retry-After": "2"}))
+        else:
+            logger.exception("request %s failed", request_id)
+            body = error_body("The server had an error while processing your request.", error_type="server_error")
+            count_error(500, body)
+            response = JsonResponse(body, status=500)
     if prepared is not None and prepared.admission is not None:
         for name, value in prepared.admission.headers.items():  # x-ratelimit-*: streamed, they go with the first bytes
             response[name] = value

@@ -1,13 +1,15 @@
 """Per-request metrics, from each request's usage record: latency histograms, endings, tokens and spend by tier.
 
-`requests_observe(records, written=...)` runs where the records are written
+`requests_observe(records)` runs where a request's ending is recorded
 (`inference.worker.finish.usage_records_safe`: the worker's finisher thread,
 a failure, the reaper), so every ending is counted once, off the engine's
 thread. Times are the client's: from the moment the web process queued the
 job (`Job.enqueued_at`), as in the `Done` event's timing.
 
-Tokens and spend count only records that were written (what the ledger
-holds). Spend is an integer counter of nano-dollars (1e-9 USD), each record's
+`billed_observe(records)` counts tokens and spend when the records are
+written (`inference.worker.finish.usage_records_write`, at once or later from
+the spool after a database outage): what the ledger holds. A record the spool
+writes again after a crash is counted again (the insert ignores it). Spend is an integer counter of nano-dollars (1e-9 USD), each record's
 cost rounded up to a whole nano-dollar as the admission's budget counters
 count it (`billing.services.admission_ledger.record_actual`): a float64
 counter is exact to 2**53 of them, about 9 million dollars per process.
@@ -59,48 +61,54 @@ SPEND_NANODOLLARS = Counter(f"{PREFIX}spend_nanodollars",
                             "Cost of written usage records, in nano-dollars (each record rounded up).", LABELS)
 
 
-def requests_observe(records: Iterable[Mapping], *, written: bool) -> None:
-    """Observe finished requests (usage-record fields); tokens and spend only when `written`. Never raises."""
+def requests_observe(records: Iterable[Mapping]) -> None:
+    """Count the endings and observe the latencies of finished requests (usage-record fields). Never raises."""
     try:
-        records = list(records)
-        snapshot = _snapshot() if written else None
         for record in records:
-            _observe(record, written=written, snapshot=snapshot)
+            _observe(record)
     except Exception:  # noqa: BLE001 - metrics must never cost a request its record or its event
         logger.exception("request metrics failed")
 
 
-def _snapshot():
-    from billing.services.price_cache import pricing_snapshot
+def billed_observe(records: Iterable[Mapping]) -> None:
+    """Count the tokens and spend of records just written (what the ledger holds). Never raises."""
+    try:
+        from billing.services.admission_ledger import record_actual
+        from billing.services.price_cache import pricing_snapshot
 
-    return pricing_snapshot()
+        snapshot = pricing_snapshot()
+        for record in records:
+            actual = record_actual(dict(record), snapshot)
+            if not actual.quota:  # not charged (an error before the first token)
+                continue
+            labels = _labels(record)
+            prompt = int(record.get("prompt_tokens") or 0)
+            cached = min(int(record.get("cached_tokens") or 0), prompt)
+            for kind, count in (("input", prompt - cached), ("cached_input", cached),
+                                ("output", int(record.get("completion_tokens") or 0))):
+                if count:
+                    BILLED_TOKENS.labels(*labels, kind).inc(count)
+            if actual.spend:
+                SPEND_NANODOLLARS.labels(*labels).inc(actual.spend)
+    except Exception:  # noqa: BLE001
+        logger.exception("billed-token metrics failed")
 
 
-def _observe(record: Mapping, *, written: bool, snapshot) -> None:
-    labels = (str(record.get("model") or ""), str(record.get("tier") or ""))
-    prompt = int(record.get("prompt_tokens") or 0)
-    cached = min(int(record.get("cached_tokens") or 0), prompt)
+def _labels(record: Mapping) -> tuple[str, str]:
+    return str(record.get("model") or ""), str(record.get("tier") or "")
+
+
+def _observe(record: Mapping) -> None:
+    labels = _labels(record)
     completion = int(record.get("completion_tokens") or 0)
     e2e = float(record.get("duration_s") or 0.0)
     ttft = record.get("ttft_s")
     REQUEST_SUCCESS.labels(*labels, str(record.get("finish_reason") or "")).inc()
     E2E_REQUEST_LATENCY.labels(*labels).observe(e2e)
     REQUEST_QUEUE_TIME.labels(*labels).observe(float(record.get("queued_s") or 0.0))
-    REQUEST_PROMPT_TOKENS.labels(*labels).observe(prompt)
+    REQUEST_PROMPT_TOKENS.labels(*labels).observe(int(record.get("prompt_tokens") or 0))
     REQUEST_GENERATION_TOKENS.labels(*labels).observe(completion)
     if ttft is not None:
         TIME_TO_FIRST_TOKEN.labels(*labels).observe(float(ttft))
         if completion > 1:
             TIME_PER_OUTPUT_TOKEN.labels(*labels).observe(max(0.0, e2e - float(ttft)) / (completion - 1))
-    if not written or snapshot is None:
-        return
-    from billing.services.admission_ledger import record_actual
-
-    actual = record_actual(dict(record), snapshot)
-    if not actual.quota:  # not charged (an error before the first token)
-        return
-    for kind, count in (("input", prompt - cached), ("cached_input", cached), ("output", completion)):
-        if count:
-            BILLED_TOKENS.labels(*labels, kind).inc(count)
-    if actual.spend:
-        SPEND_NANODOLLARS.labels(*labels).inc(actual.spend)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 
-from .base import JobQueue, QueueFull, ReapResult
+from .base import JobQueue, QueueFull, QueueUnavailable, ReapResult
 from .job import Job
 
-__all__ = ["Job", "JobQueue", "QueueFull", "ReapResult", "get_job_queue", "reset_job_queue"]
+__all__ = ["Job", "JobQueue", "QueueFull", "QueueUnavailable", "ReapResult", "get_job_queue", "reset_job_queue"]
 
 _queue: JobQueue | None = None
 _lock = threading.Lock()

@@ -46,6 +46,16 @@ class QueueFull(ServiceUnavailable):
     code = "queue_full"
 
 
+class QueueUnavailable(ServiceUnavailable):
+    """The queue's store (Redis) cannot be reached: the API answers 503 with Retry-After, never 500."""
+
+    code = "queue_unavailable"
+
+    def __init__(self, message: str = "The job queue cannot be reached right now. Please retry shortly.", **kwargs):
+        kwargs.setdefault("headers", {"Retry-After": "2"})
+        super().__init__(message, **kwargs)
+
+
 @dataclass
 class ReapResult:
     dead_workers: list[str] = field(default_factory=list)
@@ -144,6 +154,14 @@ class JobQueue(abc.ABC):
     @abc.abstractmethod
     def leases(self, worker_id: str) -> dict[str, bool]:
         """Request id -> started flag for the worker's current leases."""
+
+    # ------------------------------------------------------------ reply channels' liveness
+    def reply_channels_touch(self, names: list[str], ttl_s: float) -> None:
+        """(Web.) These reply channels have a reader for `ttl_s` more seconds. In-process: nothing to do."""
+
+    def reply_channels_alive(self, names: set[str]) -> set[str]:
+        """(Worker.) The channels of `names` whose reader was alive lately. In-process: all of them."""
+        return set(names)
 
     @abc.abstractmethod
     def flush(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from . import redis_scripts as lua
-from .base import JobQueue, QueueFull, ReapResult
+from .base import JobQueue, QueueFull, QueueUnavailable, ReapResult
 from .job import Job
 from .selection import TierSelector, WeightSource
 
@@ -33,7 +33,10 @@ class RedisJobQueue(JobQueue):
         heartbeat_timeout: float = 10.0,
         client: redis.Redis | None = None,
     ) -> None:
-        self.redis = client or redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+        # Timeouts: a Redis that is restarting must fail a call within seconds, never hang it (the longest
+        # blocking call, wait_for_work's BLPOP, lasts about a heartbeat interval).
+        self.redis = client or redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
+                                                    socket_connect_timeout=2, socket_timeout=15)
         # A hash tag keeps every key of this queue in one cluster slot.
         self.prefix = prefix if prefix.startswith("{") else "{" + prefix + "}"
         self.max_depth = max_depth
@@ -58,10 +61,13 @@ class RedisJobQueue(JobQueue):
 
     # ------------------------------------------------------------ web side
     def enqueue(self, job: Job) -> None:
-        status = self._run(
-            "ENQUEUE", job.request_id, job.to_json(), job.model, job.tier, job.tenant_key,
-            repr(float(job.enqueued_at)), self.max_depth,
-        )
+        try:
+            status = self._run(
+                "ENQUEUE", job.request_id, job.to_json(), job.model, job.tier, job.tenant_key,
+                repr(float(job.enqueued_at)), self.max_depth,
+            )
+        except redis.RedisError as exc:
+            raise QueueUnavailable() from exc
         if status == -1:
             raise ValueError(f"duplicate request id {job.request_id!r}")
         if status == 0:
@@ -74,12 +80,14 @@ class RedisJobQueue(JobQueue):
         return _positive(self.redis.hgetall(self._key("depth", model)))
 
     def live_workers(self, model: str | None = None) -> list[dict[str, Any]]:
-        workers = [w for w, m in self.redis.hgetall(self._key("workers")).items() if model is None or m == model]
-        if not workers:
-            return []
+        try:
+            workers = [w for w, m in self.redis.hgetall(self._key("workers")).items() if model is None or m == model]
+            payloads = self.redis.mget([self._key("hb", w) for w in workers]) if workers else []
+        except redis.RedisError as exc:
+            raise QueueUnavailable() from exc
         now = time.time()
         out = []
-        for payload in self.redis.mget([self._key("hb", w) for w in workers]):
+        for payload in payloads:
             if payload:
                 info = json.loads(payload)
                 if now - float(info.get("ts", now)) < self.heartbeat_timeout:
@@ -178,6 +186,19 @@ class RedisJobQueue(JobQueue):
     def leases(self, worker_id: str) -> dict[str, bool]:
         raw = self.redis.hgetall(self._key("lease", worker_id))
         return {request_id: value.startswith("1") for request_id, value in raw.items()}
+
+    def reply_channels_touch(self, names: list[str], ttl_s: float) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.set(self._key("reply", name), "1", px=max(1, int(ttl_s * 1000)))
+        pipe.execute()
+
+    def reply_channels_alive(self, names: set[str]) -> set[str]:
+        ordered = sorted(names)
+        if not ordered:
+            return set()
+        values = self.redis.mget([self._key("reply", name) for name in ordered])
+        return {name for name, value in zip(ordered, values) if value is not None}
 
     def flush(self) -> None:
         keys = list(self.redis.scan_iter(match=self.prefix + ":*", count=1000))

@@ -15,6 +15,12 @@ loop callback that takes the events from the engine thread: the same one batch
 per step, neither encoded nor sent twice through the channel layer's queues
 (each a loop iteration behind every other stream's work).
 
+Delivery that fails (Redis restarting, a full channel) loses nothing at once:
+the events are held and sent again, in order and before anything newer for
+that channel, until the channel layer takes them; a channel holds a bounded
+number for a bounded time (`_Drain._hold`). Every event carries its request's
+sequence number (inference.protocol), so a reader that misses one knows.
+
 Which event loop:
 - Redis channel layer (separate worker processes): a private loop in a daemon
   thread of the sink.
@@ -30,12 +36,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from inference.protocol import Batch, Event, local_receiver_get, local_receivers_any
+from common.outage import Outage
+from inference.protocol import Batch, Done, Event, local_receiver_get, local_receivers_any
 
 logger = logging.getLogger(__name__)
+
+# Events whose sending failed (Redis restarting, a full channel) are sent again, in order, every
+# RETRY_INTERVAL_S; a channel holds at most HOLD_MAX_EVENTS of them, each for at most HOLD_MAX_S.
+RETRY_INTERVAL_S = 0.25
+HOLD_MAX_EVENTS = 4096
+HOLD_MAX_S = 120.0
 
 _bound_loop: asyncio.AbstractEventLoop | None = None
 
@@ -57,6 +71,9 @@ class _Drain:
         self.sink = sink
         self.loop = loop
         self.queue: asyncio.Queue | None = None
+        self.held: dict[str, list[Event]] = {}  # channel -> events whose sending failed, oldest first
+        self.held_since: dict[str, float] = {}  # channel -> monotonic time of its first failed send
+        self.outage = Outage(logger, "event delivery")
         loop.call_soon_threadsafe(self._start)
 
     def _start(self) -> None:
@@ -113,27 +130,67 @@ class _Drain:
 
     async def _run(self) -> None:
         while True:
-            batches = [await self.queue.get()]
+            if self.held:  # something waits to be sent again: wake up for it
+                try:
+                    batches = [await asyncio.wait_for(self.queue.get(), RETRY_INTERVAL_S)]
+                except TimeoutError:
+                    batches = []
+            else:
+                batches = [await self.queue.get()]
             while not self.queue.empty():
                 batches.append(self.queue.get_nowait())
-            by_channel: dict[str, list[Event]] = {}
+            by_channel: dict[str, list[Event]] = {channel: held for channel, held in self.held.items()}
+            self.held = {}
             count = 0
             for batch, _sent in batches:
                 for channel, event in batch:
                     by_channel.setdefault(channel, []).append(event)
-                    count += 1
-            await asyncio.gather(*(self._send_batch(channel, events) for channel, events in by_channel.items()))
+            results = await asyncio.gather(*(self._send_batch(channel, events) for channel, events in by_channel.items()))
+            for (channel, events), delivered in zip(by_channel.items(), results):
+                if delivered:
+                    count += len(events)
+                else:
+                    count += self._hold(channel, events)
+            if not self.held:
+                self.outage.ok()
             self.sink._sent(count)
             for _batch, sent in batches:
                 if sent is not None:
                     sent.set()
 
-    async def _send_batch(self, channel: str, events: list[Event]) -> None:
+    def _hold(self, channel: str, events: list[Event]) -> int:
+        """Keep `events` to send again, in order, before anything newer for `channel`; returns how many were
+        given up: the oldest deltas past HOLD_MAX_EVENTS, or everything held longer than HOLD_MAX_S (its
+        reader is gone). A `Done` is kept while its channel is: the reader learns how its request ended
+        and, from the numbers, that text is missing (inference.api.events)."""
+        now = time.monotonic()
+        since = self.held_since.setdefault(channel, now)
+        if now - since > HOLD_MAX_S:
+            self.held_since.pop(channel, None)
+            logger.error("gave up delivering %d events to %s after %.0f s", len(events), channel, now - since)
+            return len(events)
+        dropped = 0
+        while len(events) > HOLD_MAX_EVENTS:
+            index = next((i for i, event in enumerate(events) if type(event) is not Done), None)
+            if index is None:
+                break
+            del events[index]
+            dropped += 1
+        if dropped:
+            logger.error("dropped %d undeliverable events for %s (more than %d held)", dropped, channel,
+                         HOLD_MAX_EVENTS)
+        self.held[channel] = events
+        return dropped
+
+    async def _send_batch(self, channel: str, events: list[Event]) -> bool:
         try:
             await self.sink.layer.send(channel, Batch(events).encode())
         except Exception as exc:  # noqa: BLE001 - a full or broken channel must not stop the others
-            logger.warning("could not deliver %d events (%s...) to %s: %s", len(events),
-                           events[0].request_id, channel, exc)
+            self.outage.failed(f"could not deliver {len(events)} events ({events[0].request_id}...) to {channel}: "
+                               f"{exc!r}; holding them to send again")
+            return False
+        self.held_since.pop(channel, None)
+        return True
 
 
 class EventSink:

@@ -16,10 +16,12 @@ finished requests up in memory.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from common.outage import connection_lost
 from inference.queue import JobQueue
 
 from .events import EventSink
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from inference.protocol import Done
 
 logger = logging.getLogger(__name__)
+
+COMPLETE_ATTEMPTS = 8  # releasing leases through a Redis restart: about 10 s of retries
 
 
 def output_ending(*, active: ActiveRequest, output: Any, now: float, worker_id: str) -> tuple[dict, Done]:
@@ -43,6 +47,7 @@ def output_ending(*, active: ActiveRequest, output: Any, now: float, worker_id: 
         queued_s=max(0.0, active.leased_at - job.enqueued_at) + engine_queued,
         ttft_s=active.ttft_s, engine_timing=timing, now=now,
         error=getattr(output, "error", None),  # why, when the request failed alone inside the engine
+        seq=active.next_seq,
     )
 
 
@@ -99,7 +104,7 @@ class Finisher:
             except Exception as exc:  # noqa: BLE001
                 logger.exception("finishing %s failed", job.request_id)
                 record, done = job_ending(job=job, worker_id=self.worker_id, finish_reason="error",
-                                          error=f"Worker error: {exc}", **active.tokens_so_far())
+                                          error=f"Worker error: {exc}", seq=active.next_seq, **active.tokens_so_far())
             records.append(record)
             dones.append((job.reply_channel, done))
         usage_records_safe(records)
@@ -108,7 +113,12 @@ class Finisher:
         except Exception:  # noqa: BLE001 - the leases are still released
             logger.exception("sending %d done events failed", len(dones))
         ids = [active.job.request_id for active, _output, _now in finished]
-        try:
-            self.queue.complete_many(self.worker_id, ids)
-        except Exception:  # noqa: BLE001 - their leases stay until this worker leaves or is reaped
-            logger.exception("completing %s failed", ids)
+        for attempt in range(COMPLETE_ATTEMPTS):  # Redis restarting: its leases must not outlive the requests
+            try:
+                self.queue.complete_many(self.worker_id, ids)
+                return
+            except Exception as exc:  # noqa: BLE001 - their leases stay until this worker leaves or is reaped
+                if not connection_lost(exc) or attempt == COMPLETE_ATTEMPTS - 1:
+                    logger.warning("completing %s failed: %r", ids, exc)
+                    return
+                time.sleep(min(2.0, 0.1 * 2**attempt))

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from common.outage import Outage, connection_lost
+
 if TYPE_CHECKING:
     from .loop import WorkerLoop
 
@@ -62,6 +64,7 @@ class Heartbeats:
         self._reaped_in_step = False
         self._done = threading.Event()
         self._beater: threading.Thread | None = None
+        self.outage = Outage(logger, f"worker {loop.worker_id}: heartbeats (Redis)")
 
     def tokens_add(self, count: int) -> None:
         self._tokens += count
@@ -90,10 +93,15 @@ class Heartbeats:
         loop = self.loop
         try:
             with self._lock:
-                return loop.queue.heartbeat(loop.worker_id, loop.model, info)
-        except Exception:  # noqa: BLE001 - Redis blips must not kill the worker
-            logger.exception("heartbeat failed")
+                alive = loop.queue.heartbeat(loop.worker_id, loop.model, info)
+        except Exception as exc:  # noqa: BLE001 - Redis blips must not kill the worker
+            if connection_lost(exc):
+                self.outage.failed(repr(exc))
+            else:
+                logger.exception("heartbeat failed")
             return True
+        self.outage.ok()
+        return alive
 
     # ------------------------------------------------------------ during a step
     def step_started(self) -> None:

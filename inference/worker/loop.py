@@ -4,7 +4,8 @@
     loop.run()            # until request_drain() (SIGTERM) has finished the work in hand
 
 Each pass: heartbeat (every ~1 s: inference.worker.heartbeat), reap dead
-workers (every few seconds), abort what clients cancelled, end jobs dropped
+workers (every few seconds), abort the jobs of reply channels nobody reads
+(every ~1 s: inference.worker.listeners), abort what clients cancelled, end jobs dropped
 from the queue, lease new jobs when the engine has room, then one engine step
 whose outputs become `Delta` events (inference.protocol) and, for finished
 requests, a usage record and one `Done`, both from the finisher thread
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from common.outage import Outage, connection_lost
 from inference.engine.sampling_params import EngineValidationError, SamplingParams
 from inference.metrics.engine import EngineMetrics
 from inference.metrics.live import process_figures_update
@@ -41,9 +43,11 @@ from .events import EventSink
 from .finish import ActiveRequest, db_connections_close, job_fail, job_finish
 from .finisher import Finisher
 from .heartbeat import Heartbeats
+from .listeners import ReplyWatch
 from .marks import StartMarks
 from .reaper import dead_workers_reap, dropped_jobs_finish, reap_result_finish
 from .serving_engine import ServingEngine
+from .spool import spool_close, spool_get
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,7 @@ class WorkerLoop:
         heartbeat_interval: float = 1.0,
         reap_interval: float | None = None,
         dropped_interval: float = 0.2,
+        reply_alive_timeout: float = 3.0,
     ) -> None:
         if engine is None and engine_factory is None:
             raise ValueError("WorkerLoop needs an engine or an engine_factory")
@@ -86,6 +91,8 @@ class WorkerLoop:
         self._prefetch = prefetch
         self.reap_interval = reap_interval if reap_interval is not None else max(1.0, queue.heartbeat_timeout / 2)
         self.dropped_interval = dropped_interval
+        self.reply_watch = ReplyWatch(queue=queue, timeout=reply_alive_timeout)
+        self.queue_outage = Outage(logger, f"worker {self.worker_id}: job queue (Redis)")
         self.active: dict[str, ActiveRequest] = {}
         self.started_at = time.time()
         self.steps = 0
@@ -130,15 +137,23 @@ class WorkerLoop:
         failures = 0
         try:
             self.load_engine()
+            try:
+                spool_get()  # takes over the usage records a dead worker left in the spool folder
+            except Exception:  # noqa: BLE001 - the records wait there for the next worker
+                logger.exception("could not open the usage-record spool")
             self.heartbeats.start()
             while not self._stopping.is_set():
                 try:
                     self.run_once()
                     failures = 0
-                except Exception:  # noqa: BLE001 - e.g. Redis unreachable for a moment
+                    self.queue_outage.ok()
+                except Exception as exc:  # noqa: BLE001 - e.g. Redis unreachable for a moment
                     failures += 1
-                    logger.exception("worker loop pass failed (%d in a row); retrying", failures)
-                    time.sleep(min(5.0, 0.1 * 2**failures))
+                    if connection_lost(exc):  # said once per outage, not a traceback per pass
+                        self.queue_outage.failed(repr(exc))
+                    else:
+                        logger.exception("worker loop pass failed (%d in a row); retrying", failures)
+                    time.sleep(min(1.0, 0.05 * 2**failures))
                 if self.draining and not self.active:
                     break
         finally:
@@ -161,8 +176,11 @@ class WorkerLoop:
             self._next_reap = now + self.reap_interval
             try:
                 dead_workers_reap(queue=self.queue, sink=self.sink)
-            except Exception:  # noqa: BLE001
-                logger.exception("reaping failed")
+            except Exception as exc:  # noqa: BLE001
+                if not connection_lost(exc):
+                    logger.exception("reaping failed")
+        if now >= self.reply_watch.next_at and self.active:
+            self._abort_unheard(now)
         if now >= self._next_dropped:
             self._next_dropped = now + self.dropped_interval
             dropped_jobs_finish(queue=self.queue, sink=self.sink, model=self.model, worker_id=self.worker_id)
@@ -240,6 +258,15 @@ class WorkerLoop:
             logger.exception("reading cancellations failed")
             return
         self._cancellations_apply(cancelled)
+
+    def _abort_unheard(self, now: float) -> None:
+        """Abort the jobs of reply channels nobody reads any more (inference.worker.listeners): they end
+        with "abort", billed for what they generated."""
+        dead, ids = self.reply_watch.unheard(self.active, now)
+        if ids:
+            logger.warning("worker %s: nobody reads %s any more; aborting %d requests", self.worker_id,
+                           ", ".join(sorted(dead)), len(ids))
+            self._cancellations_apply(ids)
 
     def _cancellations_apply(self, cancelled: set[str]) -> None:
         for request_id in cancelled:
@@ -331,7 +358,8 @@ class WorkerLoop:
             active.completion_tokens += len(new_ids)
             self.heartbeats.tokens_add(len(new_ids))
             (firsts if first else events).append(
-                (job.reply_channel, Delta(job.request_id, output.delta_text or "", new_ids, output.logprobs)))
+                (job.reply_channel,
+                 Delta(job.request_id, output.delta_text or "", new_ids, output.logprobs, seq=active.seq_take())))
         return bool(output.finished)
 
     # ------------------------------------------------------------ endings
@@ -350,7 +378,7 @@ class WorkerLoop:
                 self.active.pop(request_id, None)
                 return
         job_fail(job=active.job, sink=self.sink, worker_id=self.worker_id, error=error, error_param=error_param,
-                 **active.tokens_so_far())
+                 seq=active.next_seq, **active.tokens_so_far())
         self._release(request_id)
 
     def _end_lost(self, request_id: str) -> None:
@@ -364,7 +392,7 @@ class WorkerLoop:
             self.active.pop(request_id, None)
             return
         job_finish(job=active.job, sink=self.sink, worker_id=self.worker_id, finish_reason="abort",
-                   ttft_s=active.ttft_s, **active.tokens_so_far())
+                   ttft_s=active.ttft_s, seq=active.next_seq, **active.tokens_so_far())
         self._release(request_id)
 
     def _release(self, request_id: str) -> None:
@@ -389,6 +417,7 @@ class WorkerLoop:
             logger.exception("unregistering worker %s failed", self.worker_id)
         self.sink.flush(timeout=5.0)
         self.marks.close()
+        spool_close(flush_timeout=5.0)  # what the database could not take yet stays on disk for the next worker
         db_connections_close()
         logger.info("worker %s stopped", self.worker_id)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from common.outage import connection_lost
 from inference.queue import JobQueue, ReapResult
 
 from .events import EventSink
@@ -44,8 +45,9 @@ def dropped_jobs_finish(*, queue: JobQueue, sink: EventSink, model: str, worker_
     """End the jobs of `model` cancelled while still queued: an "abort" with no tokens, each once."""
     try:
         dropped = queue.take_dropped(model)
-    except Exception:  # noqa: BLE001
-        logger.exception("reading dropped jobs failed")
+    except Exception as exc:  # noqa: BLE001
+        if not connection_lost(exc):  # Redis away: the loop says so once (WorkerLoop.queue_outage)
+            logger.exception("reading dropped jobs failed")
         return
     for job in dropped:
         job_finish(job=job, sink=sink, worker_id=worker_id, finish_reason="abort", error="Cancelled before it started.")

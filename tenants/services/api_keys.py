@@ -31,6 +31,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from common.db import aretry_on_lost_connection
 from common.errors import AuthenticationError, InvalidRequest, PermissionDenied
 from tenants.models import ApiKey, Tenant, Tier
 from tenants.services import api_key_cache
@@ -269,7 +270,7 @@ async def aapi_key_verify(*, key: str) -> AuthContext:
     row = cached_key_get(prefix)
     if row is None:
         read_generation = api_key_cache.generation()
-        row = await _lookup_queryset().filter(prefix=prefix).afirst()
+        row = await aretry_on_lost_connection(lambda: _lookup_queryset().filter(prefix=prefix).afirst())
         if row is not None:
             cached_key_put(prefix, row, read_generation=read_generation)
             _keeper_ensure()

@@ -125,3 +125,17 @@ def limits_set(*, tenant, api_key=None, values: dict[str, int], clear: list[str]
     target.full_clean()
     target.save()
     return limits_explain(tenant=tenant, api_key=api_key)
+
+
+MAX_ALERT_PERCENT = 1000
+MAX_ALERTS = 10
+
+
+def budget_alert_percents_set(*, tenant, percents) -> list[int]:
+    """Set the tenant's budget alert thresholds (whole percentages 1..1000; empty: the platform's); sorted, unique."""
+    values = sorted({int(p) for p in percents})
+    if any(p < 1 or p > MAX_ALERT_PERCENT for p in values) or len(values) > MAX_ALERTS:
+        raise ValueError(f"at most {MAX_ALERTS} whole percentages from 1 to {MAX_ALERT_PERCENT}")
+    tenant.budget_alert_percents = values
+    tenant.save(update_fields=["budget_alert_percents"])
+    return values

@@ -157,6 +157,27 @@ def test_budget_alerts_go_to_the_owners_once_per_threshold(clock, tenant_factory
     assert [s.split(" has used ")[1].split("%")[0] for s in subjects] == ["50", "80", "100"]
 
 
+def test_budget_alerts_use_the_tenants_own_thresholds(clock, tenant_factory, tier_factory, auth_for, price_factory,
+                                                      django_user_model, settings):
+    from billing.services.admission_ledger import alert_percents_forget
+    from tenants.models import Membership
+    from tenants.services.limits import budget_alert_percents_set
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    price_factory(model=MODEL, input="1", cached="1", output="1", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    tenant = tenant_factory(tier=unlimited_tier(tier_factory), monthly_spend_limit_micros=100)  # $0.0001: 100 tokens
+    owner = django_user_model.objects.create_user("owner", email="owner@example.com")
+    Membership.objects.create(user=owner, tenant=tenant, role=Membership.Role.OWNER)
+    budget_alert_percents_set(tenant=tenant, percents=[20, 60])  # instead of the platform's 50, 80, 100
+    alert_percents_forget()
+    auth = auth_for(tenant)
+    for used in (30, 25, 10, 20, 15):  # 30, 55, 65, 85, 100 %
+        admission = reserve(auth, prompt=used, max_tokens=0)
+        admission_settle_records([finished(admission, auth, prompt=used, completion=0)])
+    alert_percents_forget()
+    assert [m.subject.split(" has used ")[1].split("%")[0] for m in mail.outbox] == ["20", "60"]
+
+
 def test_the_stale_sweep_settles_lost_reservations(clock, tenant_factory, tier_factory, auth_for, record_write,
                                                    settings):
     from billing.services.admission import reservations_release_stale

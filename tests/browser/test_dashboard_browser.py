@@ -148,6 +148,7 @@ def test_every_form_refuses_a_post_without_its_csrf_token(new_page, browser, sit
     page = new_page("acme-member")
     request = page.context.request
     forms = [("/dashboard/acme/keys/", {"name": "no-token"}), ("/dashboard/acme/settings/", {"monthly_budget_usd": "1"}),
+             ("/dashboard/acme/settings/alerts/", {"alert_percents": "5"}),
              ("/accounts/password_change/", {"old_password": "x", "new_password1": "y", "new_password2": "y"}),
              ("/accounts/logout/", {})]
     with sqlite3.connect(site["database"]) as conn:

@@ -108,6 +108,22 @@ def test_owner_sets_the_budget_member_cannot(tenant, member_factory):
     assert tenant.monthly_spend_limit_micros == 12_500_000
 
 
+def test_owner_sets_the_budget_alerts_viewer_and_member_cannot(tenant, member_factory):
+    url = reverse("dashboard:budget-alerts", args=[tenant.slug])
+    for role in ("viewer", "member"):
+        assert login(member_factory(tenant, role)).post(url, {"alert_percents": "10"}).status_code == 403
+    owner = login(member_factory(tenant, "owner"))
+    assert owner.post(url, {"alert_percents": "90, 25,90"}).status_code == 302
+    tenant.refresh_from_db()
+    assert tenant.budget_alert_percents == [25, 90]
+    page = owner.get(reverse("dashboard:settings", args=[tenant.slug])).content.decode()
+    assert "25, 90 (the tenant's own)" in page and 'value="25, 90"' in page
+    assert owner.post(url, {"alert_percents": "0, 50"}).status_code == 200  # refused with the form's error
+    assert owner.post(url, {"alert_percents": ""}).status_code == 302  # back to the platform's
+    tenant.refresh_from_db()
+    assert tenant.budget_alert_percents == []
+
+
 def test_forms_refuse_without_csrf(tenant, member_factory):
     user = member_factory(tenant, "owner")
     client = Client(enforce_csrf_checks=True)
@@ -117,6 +133,7 @@ def test_forms_refuse_without_csrf(tenant, member_factory):
     for url, body in [(reverse("dashboard:keys", args=[tenant.slug]), {"name": "x"}),
                       (reverse("dashboard:key-revoke", args=[tenant.slug, key.public_id]), {}),
                       (reverse("dashboard:settings", args=[tenant.slug]), {"monthly_budget_usd": "1"}),
+                      (reverse("dashboard:budget-alerts", args=[tenant.slug]), {"alert_percents": "5"}),
                       (reverse("password_change"), {}), (reverse("logout"), {})]:
         assert client.post(url, body).status_code == 403, url
 

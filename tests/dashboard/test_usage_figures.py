@@ -8,10 +8,12 @@ from datetime import timezone as dt_timezone
 
 import pytest
 
+from billing.models import DailyLatency, UsageRecord
+from billing.services.latency_rollups import percentile_cont
 from billing.services.rollups import hourly_usage_fill
 from billing.usage_buckets import FIGURES
 from dashboard.selectors.days import days_between
-from dashboard.selectors.usage import latency_by_day, percentile_cont, usage_by_day
+from dashboard.selectors.usage import latency_by_day, usage_by_day
 
 UTC = dt_timezone.utc
 
@@ -52,21 +54,48 @@ def test_days_equal_the_ledger(tenant_factory, seed_usage, api_key_factory, tz):
     assert sum(f["requests"] for f in filtered.values()) < len(records)
 
 
-def test_latency_and_error_rate_per_day(tenant_factory, seed_usage):
-    tenant = tenant_factory(timezone="Europe/Paris")
-    start = datetime(2026, 5, 1, tzinfo=UTC)
-    records = seed_usage(tenant, start=start, hours=48, per_hour=5)
-    days = days_between(first=date(2026, 5, 1), last=date(2026, 5, 3), tz="Europe/Paris")
+def assert_latency_equals_records(tenant, days, records, tz):
     figures = latency_by_day(tenant=tenant, days=days)
-    zone = zoneinfo.ZoneInfo("Europe/Paris")
+    zone = zoneinfo.ZoneInfo(tz)
     for day in days.days:
         mine = [r for r in records if r.created_at.astimezone(zone).date() == day]
         ttfts = sorted(r.ttft_s for r in mine if r.ttft_s is not None)
         errors = sum(r.finish_reason == "error" for r in mine)
         assert figures[day]["requests"] == len(mine) and figures[day]["errors"] == errors
         assert figures[day]["error_rate"] == (errors / len(mine) if mine else 0.0)
-        expected = percentile_cont(ttfts, 0.95)
-        assert figures[day]["ttft_p95_s"] == (None if expected is None else round(expected, 4))
+        for name, fraction in (("ttft_p50_s", 0.5), ("ttft_p95_s", 0.95)):
+            expected = percentile_cont(ttfts, fraction)
+            assert figures[day][name] == (None if expected is None else round(expected, 4))
+
+
+def test_latency_and_error_rate_per_day(tenant_factory, seed_usage):
+    tenant = tenant_factory(timezone="Europe/Paris")
+    start = datetime(2026, 5, 1, tzinfo=UTC)
+    records = seed_usage(tenant, start=start, hours=48, per_hour=5)
+    days = days_between(first=date(2026, 5, 1), last=date(2026, 5, 3), tz="Europe/Paris")
+    assert_latency_equals_records(tenant, days, records, "Europe/Paris")
+
+
+def test_stored_latency_of_closed_days_equals_the_records_after_a_late_record(tenant_factory, seed_usage):
+    tz = "America/New_York"
+    tenant = tenant_factory(timezone=tz)
+    start = datetime(2026, 5, 1, 4, tzinfo=UTC)  # local midnight of May 1st
+    records = seed_usage(tenant, start=start, hours=24 * 3, per_hour=4)
+    hourly_usage_fill(now=start + timedelta(days=2, hours=10))  # May 1st and 2nd closed, the 3rd open
+    stored = {row.day: row for row in DailyLatency.objects.filter(tenant=tenant, timezone=tz)}
+    assert sorted(stored) == [date(2026, 5, 1), date(2026, 5, 2)]
+    days = days_between(first=date(2026, 5, 1), last=date(2026, 5, 3), tz=tz)
+    assert_latency_equals_records(tenant, days, records, tz)
+    # a late record, written into a closed day after its hours were filled: the next run rebuilds that day
+    late = UsageRecord.objects.create(
+        request_id="dash-late-latency", tenant=tenant, model="m-dash", tier=tenant.tier.name, prompt_tokens=1,
+        completion_tokens=1, finish_reason="stop", ttft_s=9.5, created_at=start + timedelta(hours=3),
+        admitted_at=start + timedelta(hours=3), price=records[0].price)
+    before = DailyLatency.objects.get(tenant=tenant, timezone=tz, day=date(2026, 5, 1))
+    hourly_usage_fill(now=start + timedelta(days=2, hours=11))
+    after = DailyLatency.objects.get(tenant=tenant, timezone=tz, day=date(2026, 5, 1))
+    assert after.requests == before.requests + 1 and after.ttft_p95_s != before.ttft_p95_s
+    assert_latency_equals_records(tenant, days, [*records, late], tz)
 
 
 def test_percentile_cont_interpolates():

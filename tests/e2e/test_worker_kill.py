@@ -19,6 +19,7 @@ import asyncio
 import collections
 import os
 import signal
+import threading
 import time
 import uuid
 
@@ -107,17 +108,29 @@ def job_for(stack, channel: str, *, max_tokens: int):
 
 
 class Events:
-    """Reply channels on the Redis channel layer, as the web process would hold them."""
+    """Reply channels on the Redis channel layer, as the web process would hold them (with their
+    liveness keys refreshed, as inference.api.replies does: a worker aborts the jobs of a silent channel)."""
 
-    def __init__(self) -> None:
+    def __init__(self, queue) -> None:
         from channels_redis.core import RedisChannelLayer
 
         # as settings.CHANNEL_LAYERS: a socket timeout longer than the 5 s blocking pop
         self.layer = RedisChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": 30}], capacity=10000, expiry=120)
         self.buffers: dict[str, collections.deque] = {}
+        self.queue = queue
+        # a thread: the test blocks its event loop while a worker loads
+        threading.Thread(target=self._keep_alive, name="reply-alive", daemon=True).start()
 
     async def channel(self) -> str:
-        return await self.layer.new_channel("reply.")
+        name = await self.layer.new_channel("reply.")
+        self.buffers.setdefault(name, collections.deque())
+        self.queue.reply_channels_touch([name], 3.0)
+        return name
+
+    def _keep_alive(self) -> None:
+        while True:
+            time.sleep(1.0)
+            self.queue.reply_channels_touch(list(self.buffers), 3.0)
 
     async def receive(self, channel: str, timeout: float = 60.0) -> dict:
         """The next event on `channel` (wire form); the workers send them in batches."""
@@ -137,7 +150,8 @@ class Events:
 
 
 async def test_sigkill_requeues_unstarted_fails_started_and_sigterm_drains(stack):
-    queue, events = stack["queue"], Events()
+    queue = stack["queue"]
+    events = Events(queue)
     worker_a = start_worker(stack, "worker-a")
 
     # Two long jobs run on A (max_num_seqs 2); two short ones wait behind them in

@@ -7,7 +7,7 @@ from prometheus_client import REGISTRY
 
 from inference.metrics.engine import EngineMetrics
 from inference.metrics.gateway import handler_name, http_metrics
-from inference.metrics.requests import requests_observe
+from inference.metrics.requests import billed_observe, requests_observe
 
 
 def value(name: str, **labels) -> float:
@@ -48,10 +48,10 @@ def record(**fields) -> dict:
     return {**base, **fields}
 
 
-def test_each_record_is_one_ending_and_one_latency_of_each_kind_tokens_only_when_written():
+def test_each_record_is_one_ending_and_one_latency_of_each_kind_and_no_tokens():
     labels = {"model_name": "unit-requests", "tier": "pro"}
     requests_observe([record(), record(finish_reason="error", completion_tokens=0, prompt_tokens=0, cached_tokens=0,
-                                       ttft_s=None)], written=False)
+                                       ttft_s=None)])
     assert value("llmp:request_success_total", finished_reason="length", **labels) == 1
     assert value("llmp:request_success_total", finished_reason="error", **labels) == 1
     assert value("llmp:e2e_request_latency_seconds_count", **labels) == 2
@@ -59,7 +59,7 @@ def test_each_record_is_one_ending_and_one_latency_of_each_kind_tokens_only_when
     assert value("llmp:time_to_first_token_seconds_count", **labels) == 1  # the error had no first token
     # (3.0 - 1.0) s over the 4 tokens after the first
     assert value("llmp:time_per_output_token_seconds_sum", **labels) == pytest.approx(0.5)
-    assert value("llmp:billed_tokens_total", kind="output", **labels) == 0  # nothing written
+    assert value("llmp:billed_tokens_total", kind="output", **labels) == 0  # counted when written
 
 
 @pytest.mark.django_db
@@ -73,7 +73,8 @@ def test_written_records_count_tokens_by_kind_and_spend_in_nanodollars():
                          output_per_million="2", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
     price_cache_clear()
     labels = {"model_name": "unit-spend", "tier": "pro"}
-    requests_observe([record(model="unit-spend")], written=True)
+    billed_observe([record(model="unit-spend"), record(model="unit-spend", finish_reason="error", prompt_tokens=0,
+                                                       cached_tokens=0, completion_tokens=0)])
     assert value("llmp:billed_tokens_total", kind="input", **labels) == 6
     assert value("llmp:billed_tokens_total", kind="cached_input", **labels) == 4
     assert value("llmp:billed_tokens_total", kind="output", **labels) == 5

@@ -142,28 +142,43 @@ def test_a_batch_costs_the_same_queries_whatever_its_size(tenant_factory, api_ke
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_key_deleted_after_the_check_still_gets_its_records_written(tenant_factory, api_key_factory, monkeypatch):
-    from billing.services import usage
-
+def test_a_key_deleted_while_its_request_ran_leaves_its_record_without_the_key(tenant_factory, api_key_factory):
     tenant = tenant_factory()
     gone = api_key_factory(tenant=tenant).api_key
     kept = api_key_factory(tenant=tenant).api_key
     gone_id = gone.pk
-    check = usage._drop_deleted_keys
-    calls = []
-
-    def stale_check(rows):  # the first check runs before the key is deleted: it finds it still there
-        calls.append(len(rows))
-        if len(calls) > 1:
-            check(rows)
-
-    monkeypatch.setattr(usage, "_drop_deleted_keys", stale_check)
     gone.delete()
-    usage_records_insert([_fields(tenant, request_id="late-1", api_key_id=gone_id),
-                          _fields(tenant, request_id="late-2", api_key_id=kept.pk)])
-    assert len(calls) == 2  # the insert failed on the foreign key, was checked again and written
+    pricing_snapshot()  # read once per process and TTL, not per insert
+    with CaptureQueriesContext(connection) as queries:
+        usage_records_insert([_fields(tenant, request_id="late-1", api_key_id=gone_id),
+                              _fields(tenant, request_id="late-2", api_key_id=kept.pk)])
+    assert len(queries) == 1  # the keys' check is a join in the insert itself
     rows = dict(UsageRecord.objects.filter(request_id__startswith="late-").values_list("request_id", "api_key_id"))
     assert rows == {"late-1": None, "late-2": kept.pk}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_insert_refused_at_commit_by_a_key_deleted_meanwhile_is_retried(tenant_factory, api_key_factory,
+                                                                            monkeypatch):
+    from django.db import IntegrityError
+
+    from billing.services import usage
+
+    tenant = tenant_factory()
+    key = api_key_factory(tenant=tenant).api_key
+    insert, calls = usage._insert, []
+
+    def deleted_meanwhile(rows):  # the key goes after the statement's join saw it: its foreign key fails at commit
+        calls.append(len(rows))
+        if len(calls) == 1:
+            key.delete()
+            raise IntegrityError("insert or update violates foreign key constraint")
+        insert(rows)
+
+    monkeypatch.setattr(usage, "_insert", deleted_meanwhile)
+    usage_records_insert([_fields(tenant, request_id="raced-1", api_key_id=key.pk)])
+    assert calls == [1, 1]
+    assert UsageRecord.objects.get(request_id="raced-1").api_key_id is None
 
 
 @pytest.mark.django_db(transaction=True)
@@ -191,3 +206,43 @@ def test_the_workers_writer_keeps_the_good_records_of_a_batch_with_a_bad_one(ten
         "s-1", "s-2"]
     assert usage_records_safe(batch[:1] + batch[2:]) is True  # written again: the first records stay
     assert UsageRecord.objects.filter(request_id__startswith="s-").count() == 2
+
+
+@pytest.mark.django_db
+def test_the_one_statement_insert_stores_every_field_as_the_orm_does(tenant_factory, tier_factory, api_key_factory):
+    from datetime import datetime, timezone
+
+    from billing.services.prices import EPOCH, price_create
+
+    tenant = tenant_factory(tier=tier_factory(price_multiplier="1.375"))
+    key = api_key_factory(tenant=tenant).api_key
+    price_create(model="roundtrip-model", input_per_million="0.123456", cached_input_per_million="0.061728",
+                 output_per_million="9.654321", effective_from=EPOCH)
+    admitted = datetime(2026, 3, 29, 1, 30, 15, 123457, tzinfo=timezone.utc)
+    common = dict(api_key_id=key.pk, model="roundtrip-model", prompt_tokens=1_000_000_007, cached_tokens=123_457,
+                  completion_tokens=300_000_001, error="it's \"quoted\"; ünïcode, \\ and %s", queued_s=0.1 + 0.2,
+                  ttft_s=None, duration_s=1e-7, worker_id="w'1", admitted_at=admitted, finish_reason="length")
+    by_orm, _ = usage_record_create(**_fields(tenant, request_id="by-orm", **common))
+    usage_records_insert([_fields(tenant, request_id="by-insert", **common)])
+    by_insert = UsageRecord.objects.get(request_id="by-insert")
+    skip = {"id", "request_id", "created_at"}
+    fields = [f.attname for f in UsageRecord._meta.concrete_fields if f.attname not in skip]
+    assert {f: getattr(by_insert, f) for f in fields} == {f: getattr(by_orm, f) for f in fields}
+    assert by_insert.admitted_at == admitted and by_insert.price_multiplier == by_orm.price_multiplier
+    assert by_insert.cost_femtos > 2**53  # beyond a double's integers: exact through the JSON parameter
+    assert abs((by_insert.created_at - by_orm.created_at).total_seconds()) < 60
+
+
+@pytest.mark.django_db
+def test_a_record_written_late_keeps_the_time_its_request_ended(tenant_factory):
+    """A worker's spool writes records after a database outage: each keeps its own created_at (so it counts in
+    the hour its request ended), while a record without one is stamped at the insert."""
+    from datetime import datetime, timezone
+
+    tenant = tenant_factory()
+    ended = 1764115200.5  # 2025-11-26 00:00:00.5 UTC
+    usage_records_insert([_fields(tenant, request_id="r-late", created_at=ended),
+                          _fields(tenant, request_id="r-now")])
+    late = UsageRecord.objects.get(request_id="r-late")
+    assert late.created_at == datetime.fromtimestamp(ended, tz=timezone.utc)
+    assert UsageRecord.objects.get(request_id="r-now").created_at > late.created_at

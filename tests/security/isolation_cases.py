@@ -27,6 +27,8 @@ from tests.conftest import bearer
 PUBLIC: dict[str, str] = {
     "healthz": "load balancer health check: no tenant data",
     "metrics": "Prometheus metrics: labelled by model and tier, never by tenant or key (METRICS_TOKEN can close it)",
+    "livez": "liveness probe: no tenant data",
+    "readyz": "readiness probe (database, Redis, a serving worker): no tenant data",
     "v1/openapi.json": "the API's OpenAPI document: no tenant data",
     "accounts/login/": "the dashboard's login form: no tenant data",
     "accounts/logout/": "ends the caller's own session",
@@ -235,6 +237,13 @@ def dashboard_settings(w: World) -> None:
     _not_found(w.browser_a.post(f"/dashboard/{w.b.tenant.slug}/settings/", {"monthly_budget_usd": "1"}))
     w.b.tenant.refresh_from_db()
     assert w.b.tenant.monthly_spend_limit_micros == 0
+
+
+@case("dashboard/<slug:slug>/settings/alerts/")
+def dashboard_budget_alerts(w: World) -> None:
+    _not_found(w.browser_a.post(f"/dashboard/{w.b.tenant.slug}/settings/alerts/", {"alert_percents": "1"}))
+    w.b.tenant.refresh_from_db()
+    assert w.b.tenant.budget_alert_percents == []
 
 
 @case("dashboard/<slug:slug>/invoices/")

@@ -83,6 +83,7 @@ class Command(BaseCommand):
         loop = WorkerLoop(
             queue=get_job_queue(), model=model, sink=sink, engine_factory=build,
             worker_id=options["worker_id"], device=device, max_num_seqs=max_num_seqs,
+            reply_alive_timeout=settings.REPLY_ALIVE_TIMEOUT_S,
         )
 
         def on_signal(signum, _frame) -> None:

@@ -1,0 +1,284 @@
+"""The usage-record spool: finished requests kept on disk until their record is written and their
+reservation settled, however long PostgreSQL or Redis is away.
+
+    spool = spool_get()                 # this process's spool (settings.WORKER_SPOOL_DIR)
+    spool.add(records)                  # durable (fsynced) before anything else happens
+    spool.done(ids, written=True)       # written to PostgreSQL / settled in Redis: forgotten when both
+
+Every finished request passes through here (inference.worker.finish): its
+usage-record fields go into a SQLite file of this process, committed with
+`synchronous=FULL` (fsynced), before the record is inserted and the
+reservation settled. What one attempt could not do (the database or Redis
+away) stays in the file; a flusher thread retries it every FLUSH_INTERVAL_S
+(backing off to FLUSH_MAX_INTERVAL_S) until it is done, then forgets it. The
+insert is idempotent on request_id and a reservation is settled once, so a
+crash between the insert and the spool's update writes nothing twice.
+
+A process that dies leaves its file behind; the next spool opened in the same
+folder (the restarted worker, or another one) takes it over: each file is held
+with an exclusive `flock` on its `.lock` while its process lives, so a file
+whose lock can be taken belongs to nobody, and its rows are copied into the
+taker's file before it is deleted.
+
+A record that can never be written (it fails for another reason than a lost
+connection) is logged and dropped, so it cannot block the others.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common.outage import Outage
+
+logger = logging.getLogger(__name__)
+
+FLUSH_INTERVAL_S = 0.5
+FLUSH_MAX_INTERVAL_S = 5.0
+FLUSH_BATCH = 500
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pending (
+    request_id TEXT PRIMARY KEY,
+    record TEXT NOT NULL,
+    written INTEGER NOT NULL DEFAULT 0,
+    settled INTEGER NOT NULL DEFAULT 0,
+    added_at REAL NOT NULL
+)
+"""
+
+# (records) -> None; raises ConnectionLost when the store is away (retry), anything else per bad record
+Writer = Callable[[list[dict[str, Any]]], None]
+Settler = Callable[[list[dict[str, Any]]], bool]
+
+
+class ConnectionLost(Exception):
+    """The store could not be reached: keep the records and try again later."""
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")  # a committed row is on disk
+    conn.execute(_SCHEMA)
+    return conn
+
+
+class Spool:
+    def __init__(self, directory: Path, *, write: Writer, settle: Settler) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.write, self.settle = write, settle
+        name = f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path = self.directory / f"{name}.sqlite3"
+        self._lock_file = open(self.directory / f"{name}.lock", "w")  # noqa: SIM115 - held for the process's life
+        fcntl.flock(self._lock_file, fcntl.LOCK_EX)
+        self._db = _connect(self.path)
+        self._db_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._closed = False
+        self.db_outage = Outage(logger, f"usage-record spool {name}: database")
+        self.adopted = self._adopt_orphans()
+        if self.adopted:
+            logger.warning("spool %s took over %d pending usage records of a stopped process", name, self.adopted)
+            self._start_flusher()
+
+    # ------------------------------------------------------------ the hot path
+    def add(self, records: list[dict[str, Any]]) -> None:
+        """Keep `records` on disk (fsynced) until `done`. A record's `costing` (the worker's priced
+        objects, reused by the first write) stays in memory: a record written from the spool is priced
+        again by the insert, from its own fields, to the same amount."""
+        now = time.time()
+        rows = [(r["request_id"], json.dumps({k: v for k, v in r.items() if k != "costing"}), now)
+                for r in records]
+        with self._db_lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("INSERT OR IGNORE INTO pending (request_id, record, added_at) VALUES (?, ?, ?)", rows)
+            self._db.execute("COMMIT")
+
+    def done(self, request_ids: list[str], *, written: bool = False, settled: bool = False) -> None:
+        """Mark what was done for `request_ids`; a row both written and settled is forgotten."""
+        if not request_ids or not (written or settled):
+            return
+        with self._db_lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            for column, flag in (("written", written), ("settled", settled)):
+                if flag:
+                    self._db.executemany(f"UPDATE pending SET {column} = 1 WHERE request_id = ?",
+                                         [(rid,) for rid in request_ids])
+            self._db.execute("DELETE FROM pending WHERE written = 1 AND settled = 1")
+            self._db.execute("COMMIT")
+        if self.pending():
+            self._start_flusher()
+
+    def drop(self, request_ids: list[str]) -> None:
+        with self._db_lock:
+            self._db.executemany("DELETE FROM pending WHERE request_id = ?", [(rid,) for rid in request_ids])
+
+    def pending(self) -> int:
+        with self._db_lock:
+            return self._db.execute("SELECT count(*) FROM pending").fetchone()[0]
+
+    def retry_later(self) -> None:
+        """Something was left undone: make sure the flusher runs."""
+        self._start_flusher()
+        self._wake.set()
+
+    # ------------------------------------------------------------ one pass
+    def process(self, records: list[dict[str, Any]]) -> tuple[bool, bool]:
+        """Write, then settle, `records` (already added): (all written, all settled). Never raises."""
+        ids = [r["request_id"] for r in records]
+        written = self._write(records)
+        settled = False
+        if written or not self.db_outage.down:
+            settled = bool(self.settle(records))
+        self.done(ids, written=written, settled=settled)
+        if not (written and settled):
+            self.retry_later()
+        return written, settled
+
+    def _write(self, records: list[dict[str, Any]]) -> bool:
+        try:
+            self.write(records)
+        except ConnectionLost as exc:
+            self.db_outage.failed(exc)
+            return False
+        except Exception:  # noqa: BLE001 - a bad record: find it, keep the others
+            if len(records) > 1:
+                results = [self._write([record]) for record in records]
+                return all(results)
+            logger.exception("usage record of %s cannot be written; dropping it", records[0].get("request_id"))
+            self.drop([records[0]["request_id"]])
+            return False
+        self.db_outage.ok()
+        return True
+
+    def flush_once(self) -> int:
+        """Retry what is pending (a batch of the oldest); returns how many rows are left."""
+        with self._db_lock:
+            rows = self._db.execute(
+                "SELECT request_id, record, written, settled FROM pending ORDER BY added_at LIMIT ?", (FLUSH_BATCH,)
+            ).fetchall()
+        unwritten = [json.loads(record) for _rid, record, written, _s in rows if not written]
+        unsettled = [json.loads(record) for _rid, record, _w, settled in rows if not settled]
+        if unwritten and self._write(unwritten):  # (a batch with a bad record: the rest go again next time)
+            self.done([r["request_id"] for r in unwritten], written=True)
+        if unsettled and not self.db_outage.down and self.settle(unsettled):
+            self.done([r["request_id"] for r in unsettled], settled=True)
+        return self.pending()
+
+    # ------------------------------------------------------------ the flusher
+    def _start_flusher(self) -> None:
+        if self._closed or (self._flusher is not None and self._flusher.is_alive()):
+            return
+        self._flusher = threading.Thread(target=self._flush_loop, name="usage-spool", daemon=True)
+        self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        interval = FLUSH_INTERVAL_S
+        while not self._closed:
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                left = self.flush_once()
+            except Exception:  # noqa: BLE001 - never let the flusher die
+                logger.exception("flushing the usage-record spool failed")
+                left = 1
+            if not left:
+                return
+            interval = min(FLUSH_MAX_INTERVAL_S, interval * 2) if self.db_outage.down else FLUSH_INTERVAL_S
+
+    def close(self, *, flush_timeout: float = 5.0) -> int:
+        """Try to empty the spool for `flush_timeout` s, then close; returns the rows left on disk."""
+        deadline = time.monotonic() + flush_timeout
+        left = self.pending()
+        while left and time.monotonic() < deadline:
+            left = self.flush_once()
+            if left:
+                time.sleep(FLUSH_INTERVAL_S)
+        self._closed = True
+        self._wake.set()
+        with self._db_lock:
+            self._db.close()
+        if not left:
+            for path in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                path.unlink(missing_ok=True)
+        else:
+            logger.error("%d usage records stay in %s for the next worker to write", left, self.path)
+        (self.directory / f"{self.path.stem}.lock").unlink(missing_ok=True)
+        self._lock_file.close()
+        return left
+
+    # ------------------------------------------------------------ orphans
+    def _adopt_orphans(self) -> int:
+        """Copy the rows of every spool file in the folder whose process is gone, then delete it."""
+        adopted = 0
+        for lock_path in sorted(self.directory.glob("spool-*.lock")):
+            if lock_path.stem == self.path.stem:
+                continue
+            with open(lock_path, "a") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # its process is alive
+                adopted += self._adopt(self.directory / f"{lock_path.stem}.sqlite3")
+                lock_path.unlink(missing_ok=True)
+        return adopted
+
+    def _adopt(self, path: Path) -> int:
+        if not path.exists():
+            return 0
+        other = _connect(path)
+        try:
+            rows = other.execute("SELECT request_id, record, written, settled, added_at FROM pending").fetchall()
+        finally:
+            other.close()
+        with self._db_lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("INSERT OR IGNORE INTO pending (request_id, record, written, settled, added_at) "
+                                 "VALUES (?, ?, ?, ?, ?)", rows)
+            self._db.execute("COMMIT")
+        for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            leftover.unlink(missing_ok=True)
+        return len(rows)
+
+
+_spool: Spool | None = None
+_spool_lock = threading.Lock()
+
+
+def spool_get() -> Spool:
+    """This process's spool, in settings.WORKER_SPOOL_DIR (made on first use)."""
+    global _spool
+    if _spool is None:
+        with _spool_lock:
+            if _spool is None:
+                from django.conf import settings
+
+                from billing.services.admission import admission_settle_records
+
+                from .finish import usage_records_write
+
+                _spool = Spool(Path(settings.WORKER_SPOOL_DIR), write=usage_records_write,
+                               settle=admission_settle_records)
+    return _spool
+
+
+def spool_close(*, flush_timeout: float = 5.0) -> int:
+    """Flush (for at most `flush_timeout` s) and close this process's spool; the rows left on disk."""
+    global _spool
+    with _spool_lock:
+        spool, _spool = _spool, None
+    return spool.close(flush_timeout=flush_timeout) if spool is not None else 0

@@ -1,0 +1,192 @@
+"""The pieces the fault tests rely on, in one process: sequence numbers on the web side, the worker's
+held deliveries, the usage-record spool, and saying an outage once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+
+from common.outage import Outage
+from inference.api.events import EventsLost, JobRun
+from inference.api.replies import Mailbox
+from inference.protocol import Delta, Done, Usage
+from inference.worker.events import EventSink
+from inference.worker.spool import ConnectionLost, Spool
+
+
+class _Reply:
+    name = "reply.test!"
+
+    def __init__(self) -> None:
+        self.mailbox = Mailbox()
+
+    def register(self, request_id):
+        return self.mailbox
+
+    def unregister(self, request_id):
+        self.mailbox.close()
+
+
+async def _read(events) -> tuple[list, JobRun]:
+    reply = _Reply()
+    run = JobRun(reply=reply, request_id="r", model="m")
+    run.cancel = lambda: setattr(run, "cancelled", True)  # no queue here
+    for event in events:
+        reply.mailbox.put_nowait(event)
+    seen = []
+    while run.done is None:
+        seen.append(await run.next_event(1.0))
+    return seen, run
+
+
+def test_a_resent_event_is_dropped_and_a_gap_is_reported_with_what_was_billed():
+    events = [Delta("r", "a", [1], seq=1), Delta("r", "a", [1], seq=1), Delta("r", "b", [2], seq=2),
+              Delta("r", "d", [4], seq=4), Done("r", "abort", Usage(5, 0, 4), seq=5)]
+    seen, run = asyncio.run(_read(events))
+    assert [e.seq for e in seen] == [1, 2, 5]  # the duplicate and the delta after the gap never reach the client
+    assert run.missing == (3, 3) and run.cancelled and run.delivered_tokens == 2
+    from inference.api.events import events_lost
+
+    error = events_lost(run)
+    assert isinstance(error, EventsLost) and error.status_code == 503 and error.code == "stream_interrupted"
+    assert "2 of 4 generated tokens" in error.message and "4 completion tokens" in error.message
+
+
+def test_numbered_events_without_a_gap_pass_unchanged():
+    events = [Delta("r", "a", [1], seq=1), Delta("r", "b", [2], seq=2), Done("r", "length", Usage(5, 0, 2), seq=3)]
+    seen, run = asyncio.run(_read(events))
+    assert seen == events and run.missing is None and not run.cancelled
+
+
+class _FlakyLayer:
+    """A channel layer that fails its first `fail` sends, then records what it is sent."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail = fail
+        self.sent: list[dict] = []
+
+    async def send(self, channel, message):
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("Connection refused")
+        self.sent.append(message)
+
+
+def test_the_worker_holds_undelivered_events_and_sends_them_again_in_order():
+    layer = _FlakyLayer(fail=3)
+    sink = EventSink(layer=layer)
+    try:
+        sink.send_many([("c", Delta("r", "a", [1], seq=1))])
+        sink.send_many([("c", Delta("r", "b", [2], seq=2))])
+        sink.send_many([("c", Done("r", "length", seq=3))])
+        assert sink.flush(timeout=10)
+    finally:
+        sink.close()
+    seqs = [event["seq"] for message in layer.sent for event in message["events"]]
+    assert seqs == [1, 2, 3]
+
+
+def test_the_spool_keeps_records_until_the_database_takes_them(tmp_path):
+    database: dict[str, dict] = {}
+    down = {"db": True}
+    settled: list[str] = []
+
+    def write(records):
+        if down["db"]:
+            raise ConnectionLost("connection refused")
+        for record in records:
+            database.setdefault(record["request_id"], record)  # ON CONFLICT DO NOTHING
+
+    def settle(records):
+        settled.extend(r["request_id"] for r in records)
+        return True
+
+    spool = Spool(tmp_path, write=write, settle=settle)
+    records = [{"request_id": f"r{i}", "completion_tokens": i} for i in range(3)]
+    spool.add(records)
+    assert spool.process(records) == (False, False) and spool.pending() == 3 and database == {}
+    # the process dies: its file is taken over by the next spool opened in the folder
+    spool._closed = True
+    spool._wake.set()
+    spool._flusher.join(5)
+    spool._lock_file.close()
+    down["db"] = False
+    successor = Spool(tmp_path, write=write, settle=settle)
+    assert successor.adopted == 3
+    assert successor.flush_once() == 0
+    assert sorted(database) == ["r0", "r1", "r2"] and sorted(settled) == ["r0", "r1", "r2"]
+    assert successor.close() == 0 and list(tmp_path.glob("spool-*.sqlite3")) == []
+
+
+def test_a_record_that_can_never_be_written_does_not_block_the_others(tmp_path):
+    database = {}
+
+    def write(records):
+        for record in records:
+            if record["request_id"] == "bad":
+                raise ValueError("finish_reason must be ...")
+        database.update({r["request_id"]: r for r in records})
+
+    spool = Spool(tmp_path, write=write, settle=lambda records: True)
+    records = [{"request_id": "good"}, {"request_id": "bad"}]
+    spool.add(records)
+    spool.process(records)
+    assert spool.flush_once() == 0 and list(database) == ["good"]
+    spool.close()
+
+
+def test_an_outage_is_said_once_and_its_end_once(caplog):
+    outage = Outage(logging.getLogger("test.outage"), "thing")
+    with caplog.at_level(logging.WARNING, logger="test.outage"):
+        for _ in range(50):
+            outage.failed("refused")
+        outage.ok()
+        outage.ok()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2 and "unavailable: refused" in messages[0] and "back after" in messages[1]
+    assert "(50 failures)" in messages[1]
+
+
+
+
+def test_a_reply_channel_is_judged_dead_only_after_its_key_is_gone_for_the_timeout():
+    from types import SimpleNamespace
+
+    from inference.worker.listeners import ReplyWatch
+
+    alive = {"a", "b"}
+    queue = SimpleNamespace(reply_channels_alive=lambda channels: channels & alive)
+    watch = ReplyWatch(queue=queue, timeout=3.0)
+    active = {rid: SimpleNamespace(job=SimpleNamespace(reply_channel=ch), aborting=False)
+              for rid, ch in (("r1", "a"), ("r2", "b"), ("r3", "b"))}
+    assert watch.unheard(active, 0.0) == (set(), set())
+    alive.discard("b")  # its web process stopped refreshing the key
+    assert watch.unheard(active, 1.0) == (set(), set())  # gone, but not for long enough
+    alive.add("b")  # back (e.g. after a Redis restart): the clock starts again
+    assert watch.unheard(active, 2.0) == (set(), set())
+    alive.discard("b")
+    assert watch.unheard(active, 3.0) == (set(), set())
+    assert watch.unheard(active, 6.0) == ({"b"}, {"r2", "r3"})
+
+
+def test_a_spooled_record_leaves_its_in_memory_costing_behind(tmp_path):
+    """The worker's costing (priced objects, reused by the first write) is not JSON: the spool keeps the record's
+    own fields, and a write from the spool prices the record again (billing.services.costs.usage_rows_cost)."""
+    written: list[dict] = []
+    down = {"db": True}
+
+    def write(records):
+        if down["db"]:
+            raise ConnectionLost("connection refused")
+        written.extend(records)
+
+    spool = Spool(tmp_path, write=write, settle=lambda records: True)
+    record = {"request_id": "r-costed", "completion_tokens": 3, "created_at": 1764120000.25,
+              "costing": (object(), 1, object())}
+    spool.add([record])
+    assert spool.process([record]) == (False, False) and spool.pending() == 1
+    down["db"] = False
+    assert spool.flush_once() == 0
+    assert written == [{"request_id": "r-costed", "completion_tokens": 3, "created_at": 1764120000.25}]
+    spool.close()
