@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 
 from tests.e2e.processes import (
-    ROOT, Proc, api_key_new, database_prepare, free_port, http_wait, postgres_database_reset, process_env, wait_until,
+    ROOT, Proc, api_key_new, database_prepare, free_port, http_wait, manage, postgres_database_reset, process_env,
+    wait_until,
     web_start, worker_start,
 )
 from tests.inference.metrics_helpers import Scrape
@@ -37,6 +38,8 @@ class LoadStack:
         database_prepare(self.env)
         self.keys = {tier: api_key_new(self.env, tenant=f"load-{tier}", tier=tier)
                      for tier in ("free", "pro", "enterprise")}
+        # the free tenant's users meet its limit now and then: refusals by policy (429) are part of the load
+        manage(self.env, "limits_set", "--tenant", "load-free", "--rpm", "6")
         self.procs: list[Proc] = []
         self.worker_port = free_port()
         try:
