@@ -5,6 +5,7 @@ from .api import views as api_views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", views.metrics, name="metrics"),
     path("livez", views.livez, name="livez"),
     path("readyz", views.readyz, name="readyz"),
     path("v1/openapi.json", views.OpenApiDocument.as_view(), name="openapi"),

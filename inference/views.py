@@ -1,4 +1,4 @@
-"""Small HTTP views: health check and the model list (OpenAI `GET /v1/models`)."""
+"""Small HTTP views: health check, Prometheus metrics and the model list (OpenAI `GET /v1/models`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import logging
 
 from django.conf import settings
 from django.db import DatabaseError, connection
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
+from django.utils.crypto import constant_time_compare
+from django.views.decorators.http import require_GET
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from drf_spectacular.views import SpectacularJSONAPIView
 from rest_framework.permissions import AllowAny
@@ -47,6 +49,18 @@ def healthz(request):
         logger.warning("health check: database unavailable: %s", exc)
         return JsonResponse({"status": "error", "database": "unavailable"}, status=503)
     return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def metrics(request):
+    """Prometheus exposition of this web process (all of them in multiprocess mode: inference.metrics)."""
+    from inference.metrics.exposition import metrics_text
+
+    token = settings.METRICS_TOKEN
+    if token and not constant_time_compare(request.headers.get("Authorization", ""), f"Bearer {token}"):
+        return HttpResponse("metrics need the bearer token\n", status=401, content_type="text/plain")
+    body, content_type = metrics_text()
+    return HttpResponse(body, content_type=content_type)
 
 
 def model_payload(model: ServedModel) -> dict:

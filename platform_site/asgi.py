@@ -19,13 +19,15 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from common.request_body import body_deadline  # noqa: E402
 from inference.api.asgi import api_http_router  # noqa: E402
+from inference.metrics.gateway import http_metrics  # noqa: E402
 from inference.routing import ApiOriginValidator, websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # the completion endpoints skip the middleware stack (see inference/api/asgi.py); every body has
-        # REQUEST_BODY_TIMEOUT_S to arrive (common/request_body.py)
-        "http": body_deadline(api_http_router(django_asgi_app)),
+        # REQUEST_BODY_TIMEOUT_S to arrive (common/request_body.py); every response is counted by status
+        # (inference.metrics)
+        "http": http_metrics(body_deadline(api_http_router(django_asgi_app))),
         # a browser's Origin must be allowed (settings.WEBSOCKET_ALLOWED_ORIGINS)
         "websocket": ApiOriginValidator(URLRouter(websocket_urlpatterns)),
     }

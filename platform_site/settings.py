@@ -233,6 +233,13 @@ CELERY_BEAT_SCHEDULE = {
                                    "options": {"expires": 60.0}},
 }
 
+# Prometheus metrics (inference.metrics). PROMETHEUS_MULTIPROC_DIR: a directory (emptied before the web
+# processes start) where every uvicorn worker writes its metrics, so that /metrics sums them all. The client
+# library reads it from the process environment itself when it is imported, so a .env cannot set it: it is
+# read here from os.environ alone. METRICS_TOKEN: when set, /metrics asks for `Authorization: Bearer <it>`.
+METRICS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+METRICS_TOKEN = ENV.get("METRICS_TOKEN", "")
+
 # ---------------------------------------------------------------- billing
 # Seconds a process keeps its snapshot of prices and tier multipliers; a new
 # price version starts no sooner than this after it is added (billing.services.price_cache).

@@ -177,6 +177,11 @@ class AdmissionBackend(abc.ABC):
     def stale_reservations(self) -> list[str]:
         """Request ids whose reservation is older than its plan's `hold_s`."""
 
+    @abc.abstractmethod
+    def held(self) -> tuple[int, int]:
+        """(open reservations, concurrency slots held): both 0 once every admitted request has ended
+        (the metrics' leak check)."""
+
     def alert_mark(self, key: str, ttl_s: int) -> bool:
         """True the first time `key` is marked (an alert goes out once per threshold and period)."""
         raise NotImplementedError

@@ -155,6 +155,10 @@ class MemoryAdmission(AdmissionBackend):
             now = self.clock()
             return [rid for rid, reservation in self._reservations.items() if reservation.deadline <= now]
 
+    def held(self) -> tuple[int, int]:
+        with self._lock:
+            return len(self._reservations), sum(len(holders) for holders in self._slots.values())
+
     def alert_mark(self, key: str, ttl_s: int) -> bool:
         with self._lock:
             now = self.clock()

@@ -138,6 +138,18 @@ class RedisAdmission(AdmissionBackend):
     def stale_reservations(self) -> list[str]:
         return [str(rid) for rid in self._call("STALE")]
 
+    def held(self) -> tuple[int, int]:
+        """Open reservations (the deadline set), slots (the members of every concurrency key: a SCAN)."""
+        try:
+            reservations = int(self.redis.zcard(self.prefix + ":resdl"))
+            pipe = self.redis.pipeline(transaction=False)
+            for key in self.redis.scan_iter(match=self.prefix + ":cc:*", count=1000):
+                pipe.zcard(key)
+            slots = sum(int(count) for count in pipe.execute())
+        except redis.RedisError as exc:
+            raise AdmissionUnavailable(str(exc)) from exc
+        return reservations, slots
+
     def alert_mark(self, key: str, ttl_s: int) -> bool:
         """SET NX once per process and key: a budget past a threshold asks on every settlement after."""
         if key in self._alerts_marked:

@@ -21,6 +21,7 @@ from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 from common.outage import Outage
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
 from inference.api.schemas import CHAT, ApiRequest, api_param
+from inference.metrics.gateway import refusal_count
 
 logger = logging.getLogger(__name__)
 
@@ -267,16 +268,22 @@ async def ajob_submit(*, prepared: PreparedRequest):
     from (use `async with`). A request that is admitted but not queued gives its reservation back."""
     from billing.services.admission import aadmission_reserve
 
-    await _capacity_check(prepared.model.name)
-    prepared.admission = await aadmission_reserve(
-        auth=prepared.auth, request_id=prepared.request_id, model=prepared.model.name,
-        prompt_tokens=len(prepared.prompt_token_ids), max_tokens=prepared.max_tokens,
-    )
+    try:
+        await _capacity_check(prepared.model.name)
+        prepared.admission = await aadmission_reserve(
+            auth=prepared.auth, request_id=prepared.request_id, model=prepared.model.name,
+            prompt_tokens=len(prepared.prompt_token_ids), max_tokens=prepared.max_tokens,
+        )
+    except ApiError as exc:
+        refusal_count(model=prepared.model.name, tier=prepared.auth.tier.name, code=exc.code)
+        raise
     try:
         return await _enqueue(prepared)
-    except BaseException:
+    except BaseException as exc:
         from billing.services.admission import aadmission_release
 
+        if isinstance(exc, ApiError):  # queue full
+            refusal_count(model=prepared.model.name, tier=prepared.auth.tier.name, code=exc.code)
         await asyncio.shield(aadmission_release(admission=prepared.admission))
         raise
 

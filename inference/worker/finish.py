@@ -58,11 +58,15 @@ def usage_records_safe(records: list[dict[str, Any]]) -> bool:
     """Spool the records on disk (inference.worker.spool), then write them and settle their admission
     reservations (billing.services.admission: tokens refunded, concurrency slots freed, quota and
     budget counters corrected to the actual cost); what the database or Redis could not take now, the
-    spool's flusher retries until it can. Never raises; True when the records were written now."""
+    spool's flusher retries until it can. Each ending is counted at once (inference.metrics.requests), its
+    tokens and spend when its record is written. Never raises; True when the records were written now."""
     if not records:
         return True
+    from inference.metrics.requests import requests_observe
+
     from .spool import spool_get
 
+    requests_observe(records)
     spool = spool_get()
     try:
         spool.add(records)
@@ -78,19 +82,25 @@ def usage_records_write(records: list[dict[str, Any]]) -> None:
     (the connection is closed, so the next attempt opens a fresh one)."""
     from .spool import ConnectionLost
 
+    from inference.metrics.requests import billed_observe
+
     try:
         usage_records_insert(records)
     except (OperationalError, InterfaceError) as exc:
         _reconnect()
         raise ConnectionLost(str(exc).strip() or repr(exc)) from exc
+    billed_observe(records)
 
 
 def _write_without_spool(records: list[dict[str, Any]]) -> bool:
     from billing.services.admission import admission_settle_records
 
+    from inference.metrics.requests import billed_observe
+
     try:
         usage_records_insert(records)
         written = True
+        billed_observe(records)
     except Exception:  # noqa: BLE001
         logger.exception("could not write the usage records of %s", [r.get("request_id") for r in records])
         _reconnect()

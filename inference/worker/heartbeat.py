@@ -84,6 +84,11 @@ class Heartbeats:
         self._last_info = info
         return self._send(info)
 
+    @property
+    def engine_stats(self) -> dict[str, Any] | None:
+        """The engine figures of the loop's last beat (None before the engine loaded)."""
+        return None if self._last_info is None else self._last_info.get("engine")
+
     def _send(self, info: dict[str, Any]) -> bool:
         loop = self.loop
         try:

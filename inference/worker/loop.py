@@ -34,6 +34,8 @@ from typing import Any
 
 from common.outage import Outage, connection_lost
 from inference.engine.sampling_params import EngineValidationError, SamplingParams
+from inference.metrics.engine import EngineMetrics
+from inference.metrics.live import process_figures_update
 from inference.protocol import Delta
 from inference.queue import Job, JobQueue, ReapResult
 
@@ -101,6 +103,7 @@ class WorkerLoop:
         self.heartbeats = Heartbeats(self, interval=heartbeat_interval)
         self.marks = StartMarks(queue=queue, worker_id=self.worker_id)
         self.finisher = Finisher(queue=queue, sink=sink, worker_id=self.worker_id)
+        self.metrics = EngineMetrics(model=model)
 
     # ------------------------------------------------------------ control
     @property
@@ -199,7 +202,11 @@ class WorkerLoop:
 
     # ------------------------------------------------------------ heartbeats
     def heartbeat(self) -> None:
-        if not self.heartbeats.beat():
+        """Beat, then update the metrics from the engine figures the beat reported (inference.metrics)."""
+        alive = self.heartbeats.beat()
+        self.metrics.update(self.heartbeats.engine_stats, active=len(self.active))
+        process_figures_update()
+        if not alive:
             self._drop_reaped()
 
     def _drop_reaped(self) -> None:

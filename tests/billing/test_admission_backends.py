@@ -213,3 +213,18 @@ def test_concurrent_admissions_never_overshoot(backend_and_clock):
         thread.join()
     assert results.count(True) == 10
     assert backend.counter_get(budget.key) == 1_000
+
+
+def test_held_counts_open_reservations_and_slots_until_each_settles(backend_and_clock):
+    backend, _ = backend_and_clock
+    slot = Slot(key=backend.key("cc", "t-held"), limit=5)
+    ids = [rid() for _ in range(3)]
+    for request_id in ids:
+        assert backend.admit(Plan(request_id=request_id, slots=(slot,))).admitted
+    backend.admit(Plan(request_id=rid(), buckets=(rpm(backend, 100, scope="t-held"),)))  # a reservation, no slot
+    assert backend.held() == (4, 3)
+    backend.settle(ids[0], Actual())
+    assert backend.held() == (3, 2)
+    for request_id in ids[1:]:
+        backend.settle(request_id, Actual())
+    assert backend.held() == (1, 0)

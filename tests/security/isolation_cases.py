@@ -26,6 +26,7 @@ from tests.conftest import bearer
 
 PUBLIC: dict[str, str] = {
     "healthz": "load balancer health check: no tenant data",
+    "metrics": "Prometheus metrics: labelled by model and tier, never by tenant or key (METRICS_TOKEN can close it)",
     "livez": "liveness probe: no tenant data",
     "readyz": "readiness probe (database, Redis, a serving worker): no tenant data",
     "v1/openapi.json": "the API's OpenAPI document: no tenant data",

@@ -1,4 +1,4 @@
-"""python manage.py run_worker --model NAME --device cpu|cuda:N
+"""python manage.py run_worker --model NAME --device cpu|cuda:N [--metrics-port N]
 
 One worker process: loads the model, serves its queue until SIGTERM (drain:
 no new work, finish the requests in hand, exit). A second SIGTERM or SIGINT
@@ -58,6 +58,11 @@ class Command(BaseCommand):
                             help="on CUDA, finish each step (tokens read back, deltas built) before the next one "
                                  "starts (debugging; deltas then arrive one step sooner, at a throughput cost)")
 
+        parser.add_argument("--metrics-port", type=int, default=None,
+                            help="serve this worker's Prometheus metrics on this port (/metrics; inference.metrics)")
+        parser.add_argument("--metrics-host", default="127.0.0.1",
+                            help="address the metrics port listens on (0.0.0.0 for a Prometheus on another host)")
+
     def handle(self, *args, **options) -> None:
         if not settings.REDIS_URL:
             raise CommandError("run_worker needs REDIS_URL: the embedded mode serves from a thread of the web process.")
@@ -89,6 +94,14 @@ class Command(BaseCommand):
                 logger.warning("signal %s: draining (no new work; finishing %d requests)", signum, len(loop.active))
                 loop.request_drain()
 
+        if options["metrics_port"] is not None:
+            from inference.metrics.exposition import worker_metrics_serve
+
+            try:
+                worker_metrics_serve(port=options["metrics_port"], host=options["metrics_host"])
+            except OSError as exc:
+                raise CommandError(f"cannot serve metrics on {options['metrics_host']}:{options['metrics_port']}: "
+                                   f"{exc}") from exc
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self.stdout.write(f"worker {loop.worker_id}: loading {model} on {device}")
