@@ -40,7 +40,8 @@ from inference.protocol import Delta
 from inference.queue import Job, JobQueue, ReapResult
 
 from .events import EventSink
-from .finish import ActiveRequest, db_connections_close, job_fail, job_finish
+from .endings import RequestEndings
+from .finish import ActiveRequest, db_connections_close
 from .finisher import Finisher
 from .heartbeat import Heartbeats
 from .listeners import ReplyWatch
@@ -60,7 +61,7 @@ def default_worker_id(model: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{model}:{os.urandom(3).hex()}"
 
 
-class WorkerLoop:
+class WorkerLoop(RequestEndings):
     def __init__(
         self,
         *,
@@ -362,46 +363,6 @@ class WorkerLoop:
                 delta.system_fingerprint = getattr(self.engine, "system_fingerprint", None)
             (firsts if first else events).append((job.reply_channel, delta))
         return bool(output.finished)
-
-    # ------------------------------------------------------------ endings
-    def _engine_abort(self, request_id: str) -> None:
-        try:
-            self.engine.abort(request_id)
-        except Exception:  # noqa: BLE001 - it may never have been added
-            logger.debug("abort of %s failed", request_id, exc_info=True)
-
-    def _fail(self, request_id: str, error: str, *, mark: bool = False, error_param: str | None = None) -> None:
-        active = self.active.get(request_id)
-        if active is None:
-            return
-        if mark or not active.started:
-            if request_id not in self.queue.mark_started(self.worker_id, [request_id]):
-                self.active.pop(request_id, None)
-                return
-        job_fail(job=active.job, sink=self.sink, worker_id=self.worker_id, error=error, error_param=error_param,
-                 seq=active.next_seq, **active.tokens_so_far())
-        self._release(request_id)
-
-    def _end_lost(self, request_id: str) -> None:
-        active = self.active.get(request_id)
-        if active is None:
-            return
-        if not active.aborting:
-            self._fail(request_id, "The engine lost this request.")
-            return
-        if not active.started and request_id not in self.queue.mark_started(self.worker_id, [request_id]):
-            self.active.pop(request_id, None)
-            return
-        job_finish(job=active.job, sink=self.sink, worker_id=self.worker_id, finish_reason="abort",
-                   ttft_s=active.ttft_s, seq=active.next_seq, **active.tokens_so_far())
-        self._release(request_id)
-
-    def _release(self, request_id: str) -> None:
-        self.active.pop(request_id, None)
-        try:
-            self.queue.complete(self.worker_id, request_id)
-        except Exception:  # noqa: BLE001
-            logger.exception("completing %s failed", request_id)
 
     def shutdown(self) -> None:
         """Leave the queue: anything still held is requeued (unstarted) or failed."""
