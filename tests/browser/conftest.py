@@ -68,8 +68,11 @@ def site(tmp_path_factory):
         proc.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """One chromium per test module. Not per session: Playwright's sync API runs an asyncio loop in the main thread
+    while it is started, and the suites after this one (pytest-asyncio's tests, the servers' clients) cannot run
+    their own loops until it stops."""
     if not Path(CHROMIUM).exists():
         _required(f"{CHROMIUM} is missing (apt-get install -y chromium)")
     try:
