@@ -172,7 +172,9 @@ def test_operator_sees_a_live_worker_and_the_queue_move(new_page, site):
     member.fill("input[name=name]", "load")
     member.click("#create-key [type=submit]")
     key = member.inner_text("#new-key-secret")
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 40,
+    # long enough that the queue stays up for several of the console's 3 s refreshes: on a quiet machine 8 requests
+    # of 40 tokens were all served between two refreshes, and the depth was never seen above 0
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 160,
             "ignore_eos": True}
 
     def call():

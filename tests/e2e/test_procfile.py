@@ -310,13 +310,17 @@ def _web_children_with_connections(layout, port: int) -> list[int]:
 
 def test_a_web_process_killed_mid_stream_has_its_jobs_aborted(layout):
     port = int(layout["url"].rsplit(":", 1)[1])
-    asked = 300
+    # far more than a stream produces before the kill: a worker of this layout runs one sequence and holds two more
+    # (prefetch), so the second stream may wait behind the first, and with 300 the first once ended before the kill
+    asked = 1500
 
     async def scenario():
         client = _client(layout, openai.AsyncOpenAI, key="globex")
         seen = [_seen_new() for _ in range(2)]
         streams = [asyncio.create_task(_stream(client, max_tokens=asked, seen=one)) for one in seen]
-        await _until(lambda: all(one["tokens"] for one in seen))  # both streaming
+        # both queued (their headers come after the enqueue), one streaming: the other may wait in the same worker
+        await _until(lambda: all(one["request_id"] for one in seen) and any(one["tokens"] for one in seen))
+        assert not any(one.get("finish") for one in seen), seen  # neither ended before the kill
         pids = _web_children_with_connections(layout, port)
         assert pids, "no web process holds the streams"
         for pid in pids:

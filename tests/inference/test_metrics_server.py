@@ -39,13 +39,17 @@ def traffic(tmp_path_factory, pytestconfig):
     statuses = [chat(server.url, limited, max_tokens=2).status_code for _ in range(2)]
     told = {"usages": usages, "unauthorized": unauthorized.status_code, "limited": statuses}
 
+    output = sum(usage["completion_tokens"] for usage in usages)
+
     def settled():
         after = Scrape.get(server.url)
         done = after.total("llmp:request_success_total", tier="pro") - before.total("llmp:request_success_total",
                                                                                      tier="pro")
         idle = (after.total("llmp:kv_cache_blocks_used") == 0 and after.total("llmp:admission_reservations_held") == 0
                 and after.total("llmp:worker_requests_active") == 0)
-        return after if done >= 2 and idle else None
+        # the engine's own counters reach the page with the worker's next heartbeat (about a second later)
+        beat = grew(before, after, "llmp:generation_tokens_total", model_name=MODEL) >= output
+        return after if done >= 2 and idle and beat else None
 
     after = wait_until(settled, timeout=30, what="the requests' metrics and an idle engine")
     return server, before, after, told

@@ -53,6 +53,27 @@ def _read_until_closed(sock: socket.socket) -> bytes:
         data += chunk
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole response on a connection that stays open: its head, then Content-Length bytes of body (the server
+    may send them in separate segments)."""
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def _status_and_body(raw: bytes) -> tuple[int, dict, str]:
     head, _, body = raw.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
@@ -91,8 +112,7 @@ def test_a_whole_body_is_served_and_the_connection_kept(server):
     payload = json.dumps({"name": "whole"}).encode()
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(_head("/v1/keys", len(payload), Authorization=f"Bearer {server.keys['pro']}") + payload)
-        sock.settimeout(30)
-        raw = sock.recv(65536)
+        raw = _read_response(sock)
         status, body, head = _status_and_body(raw)
         assert status == 201 and body["object"] == "api_key" and "connection: close" not in head
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # the same connection serves again
