@@ -36,8 +36,11 @@ MAX_SECONDS = 2**37
 
 
 def _list_param(request, name: str) -> list[str]:
-    """`name=a&name=b`, `name[]=a` and `name=a,b` all give [a, b]."""
+    """`name=a&name=b`, `name[]=a` and `name=a,b` all give [a, b]. A NUL character is refused (400): no model or
+    key id holds one, and PostgreSQL cannot compare a text with one (it would be a 500)."""
     values = request.query_params.getlist(name) + request.query_params.getlist(f"{name}[]")
+    if any("\x00" in value for value in values):
+        raise InvalidRequest(f"{name} must not contain NUL characters.", param=name)
     return [part for value in values for part in value.split(",") if part]
 
 

@@ -169,3 +169,15 @@ def test_errors_are_openai_shaped(api_client, api_key_factory, tenant):
     assert api_client.get(url, {"start_time": 10}).status_code == 401
     assert api_client.get("/v1/organization/costs", {"start_time": 10, "bucket_width": "1h"},
                           **bearer(key.key)).status_code == 400
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("param", ["models", "api_key_ids"])
+def test_a_nul_character_in_a_list_filter_is_a_400(api_client, usage, param):
+    """Found by Schemathesis on PostgreSQL (make test-postgres): a NUL in a filter reached the query and PostgreSQL
+    refused the text (a 500). It is the client's error, named."""
+    _tenant, keys, _ = usage
+    response = api_client.get("/v1/organization/usage/completions",
+                              {"start_time": int(START.timestamp()), param: "a\x00b"}, **bearer(keys[0].key))
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["param"] == param
