@@ -2,7 +2,7 @@
 
 One server (embedded mode: SQLite file, the engine in a thread, one sequence
 at a time so that a small load queues), seeded by tests/browser/seed.py, and
-one browser for the whole session, on the ports 8900-8949 (BROWSER_TEST_PORTS).
+one browser per test module, on a free port (tests.e2e.servers.port_pick: E2E_PORT_RANGE if set).
 Screenshots of every page land in test-artifacts/screenshots/ (git-ignored).
 Without chromium or Playwright the tests skip locally and fail under CI=true.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.processes import ROOT, Proc, database_prepare, http_wait, process_env
+from tests.e2e.servers import port_pick
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
-PORTS = os.environ.get("BROWSER_TEST_PORTS", "8900-8949")
 ADMIN_PASSWORD = "e2e-admin-password-1"  # what tests.e2e.processes.database_prepare gives bootstrap
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
@@ -32,18 +31,6 @@ def _required(problem: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"the browser tests must run under CI: {problem}")
     pytest.skip(problem)
-
-
-def _port() -> int:
-    low, high = (int(part) for part in PORTS.split("-"))
-    for port in range(low, high + 1):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {PORTS}")
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +43,7 @@ def site(tmp_path_factory):
     database_prepare(env)
     seeded = subprocess.run([sys.executable, str(Path(__file__).with_name("seed.py"))], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300, check=True)
-    port = _port()
+    port = port_pick()
     proc = Proc("web", [sys.executable, "-m", "uvicorn", "platform_site.asgi:application", "--host", "127.0.0.1",
                         "--port", str(port), "--lifespan", "off", "--no-access-log"], env, tmp / "web.log")
     url = f"http://127.0.0.1:{port}"

@@ -5,33 +5,21 @@ the PostgreSQL database it is given (dropped and created first), with
 what the hostile tests need set: a body deadline of 1 s, an Origin
 allow-list, DEBUG logging with uvicorn's access log on, and its own random
 SECRET_KEY, API key pepper and admin password, so that the log test knows
-every secret the process holds. Its port is taken from 8800-8849.
+every secret the process holds. Its port: tests.e2e.servers.port_pick.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import socket
 import sys
 from pathlib import Path
 
 from tests.e2e.processes import Proc, api_key_new, http_wait, manage, postgres_database_reset, process_env
+from tests.e2e.servers import port_pick
 
-PORTS = range(8800, 8850)
 ALLOWED_ORIGIN = "https://app.example.com"
 BODY_TIMEOUT_S = 1
-
-
-def port_free() -> int:
-    for port in PORTS:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {PORTS}")
 
 
 class HostileServer:
@@ -52,7 +40,7 @@ class HostileServer:
         manage(self.env, "migrate", "--noinput", "-v", "0")
         manage(self.env, "bootstrap", "--admin-password", self.secrets["ADMIN_PASSWORD"])
         self.keys = {tier: api_key_new(self.env, tenant=f"h-{tier}", tier=tier) for tier in ("free", "pro", "enterprise")}
-        self.port = port_free()
+        self.port = port_pick()
         command = [sys.executable, "-m", "uvicorn", "platform_site.asgi:application", "--host", "127.0.0.1",
                    "--port", str(self.port), "--lifespan", "off"]  # with the access log, as deployed
         self.log_path = tmp / "hostile-web.log"
