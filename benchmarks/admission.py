@@ -12,13 +12,15 @@
    kind) against limits off (`ADMISSION_ENABLED=False`, the same call returns
    at once), interleaved rounds, p50 and p99 per request, on the in-process
    backend and on Redis.
-3. Settle. What settling adds to the worker's usage-record insert, as the
-   worker's finisher does it (`inference.worker.finish`: the records of a
-   step as `job_ending` makes them, written in one insert, then their
-   reservations settled): per step of --batch records (a pipelined step) and
-   of 1, on the in-process backend and on Redis, interleaved; the median
-   insert, the median settlement and the median of the steps' ratios (wall
-   time), and the finisher thread's own CPU time in each (no waiting for
+3. Settle. What settling adds to the worker's usage-record insert, on the
+   worker's record path (`inference.worker.spool.Spool`: the records of a
+   step as `job_ending` makes them, spooled, inserted in one statement,
+   their reservations settled): per step of --batch records (a pipelined
+   step) and of 1, on the in-process backend and on Redis, the path with
+   settling off, on (as deployed: the settlement sent before the insert and
+   read after it) and sequential (insert, then settle), and the insert
+   alone, interleaved; (on - off) as a share of the insert, from medians
+   and paired per step, and the thread's own CPU time (no waits for
    PostgreSQL or Redis: what a shared, noisy machine distorts least).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/llm_admission REDIS_URL=redis://127.0.0.1:6379/7 \\
@@ -168,57 +170,88 @@ def _settle_all(auth, request_ids: list[str]) -> None:
 
 
 def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
-    """Per step: the worker's insert of its records, then their settlement; both backends, batch and 1, interleaved."""
+    """Per step and case (backend, records per step), four ways, their order rotated from step to step:
+    "insert", the insert alone (the denominator); the worker's record path (`Spool.add`, `Spool.process`) with
+    settling "off" (the records' reservations settled after, untimed), "on" (as deployed: the settlement sent
+    before the insert, read after), and "sequential" (insert, then settle: the order before). Off, on and
+    sequential share one spool, so its SQLite commits weigh the same in each."""
+    import shutil
+    import tempfile
+
     from billing.admission import get_admission_backend, reset_admission_backend
     from billing.admission.memory import MemoryAdmission
-    from billing.services.admission import aadmission_reserve, admission_settle_records
+    from billing.services.admission import aadmission_reserve, admission_settle_records, admission_settle_start
     from inference.worker.finish import usage_records_write
+    from inference.worker.spool import Spool
 
     auth = _auth(tenant_id)
     reset_admission_backend()
     backends = {"memory": MemoryAdmission(), "redis": get_admission_backend()}  # each with its connections kept
     cases = [(name, size) for name in backends for size in (batch, 1)]
-    insert_s: dict = {case: [] for case in cases}
-    settle_s: dict = {case: [] for case in cases}
-    cpu_s: dict = {case: [] for case in cases}  # (insert, settle) CPU of this thread: no waits for the servers
+    ways = ("insert", "off", "on", "sequential")
+    folder = Path(tempfile.mkdtemp(prefix="bench-spool-"))
+    spool = Spool(folder, write=usage_records_write, settle=admission_settle_records)
+    settings_of = {"off": (lambda records: True, None), "on": (admission_settle_records, admission_settle_start),
+                   "sequential": (admission_settle_records, None)}
+    wall: dict = {(case, way): [] for case in cases for way in ways}
+    cpu: dict = {(case, way): [] for case in cases for way in ways}  # this thread's CPU: no waits for the servers
 
     async def reserve(request_ids: list[str]) -> None:
         for request_id in request_ids:
             await aadmission_reserve(auth=auth, request_id=request_id, model=MODEL, prompt_tokens=100, max_tokens=50)
 
+    def end(way: str, records: list[dict]) -> None:
+        if way == "insert":
+            usage_records_write(records)  # raises if the records were not written
+            return
+        spool.settle, spool.settle_start = settings_of[way]
+        spool.add(records)
+        assert spool.process(records) == (True, True), "not written or not settled"
+
     # One event loop for every reservation, as in a web process: a loop per step would make a new asyncio Redis
     # client per step (they belong to their loop), and the old one's teardown would land in the timed settle.
     loop = asyncio.new_event_loop()
-
     for step in range(steps + 3):  # the first 3 warm up (counters rebuilt, scripts loaded, snapshot read)
         for name, size in cases:
             reset_admission_backend(backends[name])
-            request_ids = [uuid.uuid4().hex for _ in range(size)]
-            loop.run_until_complete(reserve(request_ids))
-            records = _records(auth, request_ids)
-            started, started_cpu = time.perf_counter(), time.thread_time()
-            usage_records_write(records)  # raises if the records were not written
-            inserted, inserted_cpu = time.perf_counter(), time.thread_time()
-            admission_settle_records(records)
-            settled, settled_cpu = time.perf_counter(), time.thread_time()
-            if step >= 3:
-                insert_s[(name, size)].append(inserted - started)
-                settle_s[(name, size)].append(settled - inserted)
-                cpu_s[(name, size)].append((inserted_cpu - started_cpu, settled_cpu - inserted_cpu))
+            for way in ways[step % 4:] + ways[:step % 4]:
+                request_ids = [uuid.uuid4().hex for _ in range(size)]
+                loop.run_until_complete(reserve(request_ids))
+                records = _records(auth, request_ids)
+                started, started_cpu = time.perf_counter(), time.thread_time()
+                end(way, records)
+                ended, ended_cpu = time.perf_counter(), time.thread_time()
+                if way in ("insert", "off"):
+                    admission_settle_records(records)
+                if step >= 3:
+                    wall[((name, size), way)].append(ended - started)
+                    cpu[((name, size), way)].append(ended_cpu - started_cpu)
     loop.close()
+    spool.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    # The floor: the CPU of one bare round trip through the same Redis client (a PING: its send and its
+    # receive), which any settlement in Redis from this process pays, however it is overlapped.
+    ping_cpu = []
+    for _ in range(500):
+        started_cpu = time.thread_time()
+        backends["redis"].redis.ping()
+        ping_cpu.append(time.thread_time() - started_cpu)
     reset_admission_backend()
     rows = []
     for case in cases:
-        inserts, settles = insert_s[case], settle_s[case]
-        rows.append({
-            "backend": case[0], "records_per_step": case[1], "steps": len(inserts),
-            "insert_p50_us": round(statistics.median(inserts) * 1e6, 1),
-            "settle_p50_us": round(statistics.median(settles) * 1e6, 1),
-            "settle_per_record_p50_us": round(statistics.median(settles) * 1e6 / case[1], 1),
-            "settle_over_insert_pct": round(statistics.median(s / i for s, i in zip(settles, inserts)) * 100, 2),
-            "insert_cpu_p50_us": round(statistics.median(i for i, _ in cpu_s[case]) * 1e6, 1),
-            "settle_cpu_p50_us": round(statistics.median(s for _, s in cpu_s[case]) * 1e6, 1),
-        })
+        insert, off = wall[(case, "insert")], wall[(case, "off")]
+        p50 = {way: statistics.median(wall[(case, way)]) for way in ways}
+        row = {"backend": case[0], "records_per_step": case[1], "steps": len(insert)}
+        row.update({f"{way}_p50_us": round(p50[way] * 1e6, 1) for way in ways})
+        for way in ("on", "sequential"):
+            paired = [(w - o) / i for w, o, i in zip(wall[(case, way)], off, insert)]
+            row[f"{way}_added_pct"] = round((p50[way] - p50["off"]) / p50["insert"] * 100, 2)
+            row[f"{way}_added_paired_pct"] = round(statistics.median(paired) * 100, 2)
+        row.update({f"{way}_cpu_p50_us": round(statistics.median(cpu[(case, way)]) * 1e6, 1) for way in ways})
+        if case[0] == "redis":
+            row["ping_cpu_p50_us"] = round(statistics.median(ping_cpu) * 1e6, 1)
+            row["ping_cpu_pct_of_insert"] = round(statistics.median(ping_cpu) / p50["insert"] * 100, 2)
+        rows.append(row)
     return rows
 
 
@@ -305,10 +338,15 @@ def main() -> None:
         print(f"  {row['backend']:6}: reserve p50 {row['reserve_on_p50_us']} us on, {row['reserve_off_p50_us']} us off "
               f"(+{row['added_p50_us']} us; p99 {row['reserve_on_p99_us']} vs {row['reserve_off_p99_us']})")
     for row in result.get("settle", []):
-        print(f"  settle, {row['backend']:6}, {row['records_per_step']:3d} records per step: insert p50 "
-              f"{row['insert_p50_us']} us, settle p50 {row['settle_p50_us']} us, settle / insert (median of "
-              f"{row['steps']} steps) {row['settle_over_insert_pct']}%; CPU of the thread: insert "
-              f"{row['insert_cpu_p50_us']} us, settle {row['settle_cpu_p50_us']} us")
+        print(f"  settle, {row['backend']:6}, {row['records_per_step']:3d} records per step ({row['steps']} steps): "
+              f"insert p50 {row['insert_p50_us']} us; record path p50 {row['off_p50_us']} us settling off, "
+              f"{row['on_p50_us']} us on: settling adds {row['on_added_pct']}% of the insert (paired "
+              f"{row['on_added_paired_pct']}%; insert then settle, as before: {row['sequential_added_pct']}%, "
+              f"paired {row['sequential_added_paired_pct']}%); CPU p50 insert {row['insert_cpu_p50_us']} us, "
+              f"path off {row['off_cpu_p50_us']} us, on {row['on_cpu_p50_us']} us, "
+              f"sequential {row['sequential_cpu_p50_us']} us"
+              + (f"; one bare Redis round trip (PING) costs {row['ping_cpu_p50_us']} us of CPU, "
+                 f"{row['ping_cpu_pct_of_insert']}% of the insert" if "ping_cpu_p50_us" in row else ""))
 
 
 if __name__ == "__main__":

@@ -137,6 +137,23 @@ def _api_key_cache_empty():
 
 
 @pytest.fixture(autouse=True)
+def _worker_spool_closed():
+    """A test that wrote usage records through the worker's spool (inference.worker.spool) leaves no spool
+    behind: its flusher thread would retry the test's records on a connection of its own (outside the test's
+    transaction) and, pricing them, cache a price snapshot that lacks the next test's uncommitted prices."""
+    yield
+    import shutil
+    import sys
+
+    spool = sys.modules.get("inference.worker.spool")
+    if spool is not None and spool._spool is not None:
+        directory = spool._spool.directory
+        spool.spool_close(flush_timeout=0)
+        if directory.name.startswith("llm-spool-test-"):  # the test settings' own folder: its records are the test's
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
 def _admission_counters_fresh(request):
     """Each test counts its limits afresh (billing.admission): its own key prefix, emptied after.
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Kinds of what a request takes: buckets count requests or tokens, counters tokens or spend.
@@ -38,6 +39,7 @@ REQUESTS = "requests"
 TOKENS = "tokens"
 QUOTA = "quota"  # a period's tokens (prompt + completion)
 SPEND = "spend"  # a period's cost, nano-dollars
+_ACTUAL_KINDS = frozenset((TOKENS, QUOTA, SPEND))
 
 
 class AdmissionUnavailable(Exception):
@@ -121,7 +123,7 @@ class Actual:
     spend: int = 0  # nano-dollars
 
     def of(self, kind: str) -> int:
-        return {TOKENS: self.tokens, QUOTA: self.quota, SPEND: self.spend}.get(kind, 0)
+        return getattr(self, kind) if kind in _ACTUAL_KINDS else 0  # (the kinds are its fields' names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,13 @@ class AdmissionBackend(abc.ABC):
         for request_id, actual in items:
             after.update((counter.key, counter) for counter in self.settle(request_id, actual) or ())
         return list(after.values())
+
+    def settle_many_start(self, items: list[tuple[str, Actual]]) -> Callable[[], list[CounterAfter]]:
+        """Start `settle_many(items)`; the returned function finishes it and returns its result. A backend
+        behind a round trip sends the call now and reads the reply then (Redis), so that the caller's own
+        work in between (the worker's usage-record insert) overlaps it; this one settles at once."""
+        after = self.settle_many(items)
+        return lambda: after
 
     async def asettle(self, request_id: str, actual: Actual) -> list[CounterAfter] | None:
         return await asyncio.to_thread(self.settle, request_id, actual)

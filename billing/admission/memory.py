@@ -35,6 +35,10 @@ def bucket_take(*, tat: float, now: float, limit: int, cost: int, window_s: floa
     return new_tat, max(0.0, wait), used, max(0, remaining)
 
 
+def _counters_after(after: dict[str, tuple[str, int, int]]) -> list[CounterAfter]:
+    return [CounterAfter(key=key, kind=kind, value=value, limit=limit) for key, (kind, value, limit) in after.items()]
+
+
 class MemoryAdmission(AdmissionBackend):
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
@@ -114,25 +118,39 @@ class MemoryAdmission(AdmissionBackend):
 
     def settle(self, request_id: str, actual: Actual) -> list[CounterAfter] | None:
         with self._lock:
-            now = self.clock()
-            reservation = self._reservations.pop(request_id, None)
-            if reservation is None:
+            after: dict[str, tuple[str, int, int]] = {}
+            if not self._settle(request_id, actual, self.clock(), after):
                 return None
-            for key, kind, interval, taken in reservation.buckets:
-                refund = taken - actual.tokens if kind == TOKENS else 0
-                if refund > 0 and key in self._tats:
-                    self._tats[key] = max(now, self._tats[key] - refund * interval)
-            for key in reservation.slots:
-                self._slots.get(key, {}).pop(request_id, None)
-            after = []
-            for key, kind, amount, limit in reservation.counters:
-                self._open.get(key, {}).pop(request_id, None)
-                value = self._counter(key, now)
-                if value is not None:  # a counter seeded after the reservation already left it out
-                    value += actual.of(kind) - amount
-                    self._counters[key] = (value, self._counters[key][1])
-                    after.append(CounterAfter(key=key, kind=kind, value=value, limit=limit))
-            return after
+            return _counters_after(after)
+
+    def settle_many(self, items: list[tuple[str, Actual]]) -> list[CounterAfter]:
+        """As the base class's, under one lock and one clock reading (the worker's step: one call)."""
+        with self._lock:
+            now, after = self.clock(), {}
+            for request_id, actual in items:
+                self._settle(request_id, actual, now, after)
+            return _counters_after(after)
+
+    def _settle(self, request_id: str, actual: Actual, now: float, after: dict[str, tuple[str, int, int]]) -> bool:
+        """(Under the lock.) Consume one reservation; each counter it had reserved on goes into `after`
+        (key -> kind, value after, limit)."""
+        reservation = self._reservations.pop(request_id, None)
+        if reservation is None:
+            return False
+        for key, kind, interval, taken in reservation.buckets:
+            refund = taken - actual.tokens if kind == TOKENS else 0
+            if refund > 0 and key in self._tats:
+                self._tats[key] = max(now, self._tats[key] - refund * interval)
+        for key in reservation.slots:
+            self._slots.get(key, {}).pop(request_id, None)
+        for key, kind, amount, limit in reservation.counters:
+            self._open.get(key, {}).pop(request_id, None)
+            value = self._counter(key, now)
+            if value is not None:  # a counter seeded after the reservation already left it out
+                value += actual.of(kind) - amount
+                self._counters[key] = (value, self._counters[key][1])
+                after[key] = (kind, value, limit)
+        return True
 
     def open_reserved(self, key: str) -> int:
         with self._lock:

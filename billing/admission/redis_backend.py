@@ -1,7 +1,8 @@
 """The Redis admission backend: every web process and worker shares its counters.
 
 One script call per admission (`ADMIT`: every check and every take, one round
-trip) and per settlement; a worker settles a step's requests in one call.
+trip) and per settlement; a worker settles a step's requests in one call, sent
+before its usage-record insert and read after it (`settle_many_start`).
 Redis errors become `AdmissionUnavailable`: the caller refuses the request
 (fail closed), it never admits one unchecked.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import weakref
+from collections.abc import Callable
 
 import redis
 import redis.asyncio
@@ -54,6 +57,10 @@ def _decision(plan: Plan, reply: list) -> Decision:
     return Decision(admitted=True, buckets=states)
 
 
+def _settle_arg(items: list[tuple[str, Actual]]) -> str:
+    return json.dumps([(rid, a.tokens, a.quota, a.spend) for rid, a in items])
+
+
 def _settled(reply: list) -> tuple[int, list[CounterAfter]]:
     """SETTLE's reply: how many reservations were settled, and the counters after."""
     return int(reply[0]), [CounterAfter(key=str(reply[i]), kind=str(reply[i + 1]), value=int(reply[i + 2]),
@@ -70,6 +77,8 @@ class RedisAdmission(AdmissionBackend):
                          for name in ("ADMIT", "SETTLE", "STALE", "SEED")}
         self._alerts_marked: TtlCache[str, bool] = TtlCache("admission alert marks", ttl=ALERT_MEMO_S,
                                                             max_entries=10_000)
+        self._settle_conn = None  # settle_many_start's connection, out of the pool between calls
+        self._settle_conn_lock = threading.Lock()
         # redis.asyncio clients belong to the event loop that made them
         self._async: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -117,7 +126,61 @@ class RedisAdmission(AdmissionBackend):
         return list(after.values())
 
     def _settle(self, items: list[tuple[str, Actual]]) -> tuple[int, list[CounterAfter]]:
-        return _settled(self._call("SETTLE", json.dumps([(rid, a.tokens, a.quota, a.spend) for rid, a in items])))
+        return _settled(self._call("SETTLE", _settle_arg(items)))
+
+    def settle_many_start(self, items: list[tuple[str, Actual]]) -> Callable[[], list[CounterAfter]]:
+        """Send SETTLE now, read its reply when the returned function is called: Redis runs the script while
+        the caller does its own work (the worker: its usage-record insert), and the caller finishes at once.
+
+        On a connection of its own, kept between calls (the worker's finisher settles one step at a time;
+        a call that finds it taken uses one of the pool's). NOSCRIPT (Redis restarted since the script was
+        loaded): the script did not run; it is loaded and run then. A lost connection: whether the script
+        ran is unknown, and settling again is safe (each reservation is consumed once), so the error goes
+        up like any Redis error (AdmissionUnavailable)."""
+        if len(items) > SETTLE_CHUNK:
+            return super().settle_many_start(items)
+        arg = _settle_arg(items)
+        with self._settle_conn_lock:
+            conn, self._settle_conn = self._settle_conn, None
+        try:
+            if conn is None:
+                conn = self.redis.connection_pool.get_connection()
+            conn.send_command("EVALSHA", self._scripts["SETTLE"].sha, 0, self.prefix, arg)
+        except redis.RedisError as exc:
+            self._settle_conn_drop(conn)
+            raise AdmissionUnavailable(str(exc)) from exc
+        except BaseException:
+            self._settle_conn_drop(conn)
+            raise
+
+        def finish() -> list[CounterAfter]:
+            try:
+                reply = conn.read_response()
+            except redis.exceptions.NoScriptError:
+                self._settle_conn_keep(conn)
+                return _settled(self._call("SETTLE", arg))[1]
+            except redis.RedisError as exc:
+                self._settle_conn_drop(conn)
+                raise AdmissionUnavailable(str(exc)) from exc
+            except BaseException:
+                self._settle_conn_drop(conn)  # its reply may still come: the connection cannot be reused
+                raise
+            self._settle_conn_keep(conn)
+            return _settled(reply)[1]
+
+        return finish
+
+    def _settle_conn_keep(self, conn) -> None:
+        with self._settle_conn_lock:
+            if self._settle_conn is None:
+                self._settle_conn, conn = conn, None
+        if conn is not None:  # another settlement kept its own meanwhile
+            self.redis.connection_pool.release(conn)
+
+    def _settle_conn_drop(self, conn) -> None:
+        if conn is not None:
+            conn.disconnect()
+            self.redis.connection_pool.release(conn)
 
     def open_reserved(self, key: str) -> int:
         try:

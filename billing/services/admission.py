@@ -11,15 +11,17 @@ headers, or raises the OpenAI-shaped refusal: 429 `rate_limit_exceeded` with
 ends), or 503 `limits_unavailable` when the counters cannot be reached:
 nothing is admitted unchecked (fail closed).
 
-`admission_settle_records` (the worker, right after it writes the usage
-records, the reaper through the same path) settles each request's
-reservation to what it used; `admission_release` gives back a reservation
-whose request never reached a worker.
+`admission_settle_start` (the worker: sent before it writes the usage
+records and read after, so the counters' round trip overlaps the insert's)
+and `admission_settle_records` (the spool's retries, the reaper) settle each
+request's reservation to what it used; `admission_release` gives back a
+reservation whose request never reached a worker.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -209,23 +211,53 @@ def admission_settle_records(records: list[dict]) -> bool:
     """Settle the reservations of finished requests (usage-record fields) to what each used. Never raises;
     False when the counters could not be reached (settling again later is safe: a reservation is
     consumed once, a second settlement finds nothing)."""
+    return admission_settle_start(records, overlap=False)()
+
+
+def admission_settle_start(records: list[dict], *, overlap: bool = True) -> Callable[[], bool]:
+    """Start settling `records`; the returned function finishes it (`admission_settle_records`' result).
+
+    With `overlap` the counters' call is sent now and its reply read by the returned function
+    (`settle_many_start`: on Redis, the script runs while the worker writes the records' usage insert,
+    so settling adds next to nothing to it: benchmarks/admission.py --part settle). Everything stays on
+    the caller's thread (and its database connection: the records' costs, the alerts' thresholds).
+    """
     if not records or not settings.ADMISSION_ENABLED:
-        return True
-    from billing.services.admission_ledger import budget_alerts_check, record_actual
+        return _settled_true
+    from billing.services.admission_ledger import record_actual
 
     backend = get_admission_backend()
     try:
         items = [(record["request_id"], record_actual(record)) for record in records]
-        after = backend.settle_many(items)
-        if after:
-            due = budget_alerts_check(backend=backend, after=after, ttl_s=40 * 86400)
-            for scope, period, percent, used, limit in due:
-                _alert_enqueue(scope=scope, period=period, percent=percent, used=used, limit=limit)
+        finish = backend.settle_many_start(items) if overlap else (lambda: backend.settle_many(items))
     except Exception as exc:  # noqa: BLE001 - Redis or (prices) PostgreSQL down: the caller settles again later
         _settle_outage.failed(repr(exc))
-        return False
-    _settle_outage.ok()
+        return _settled_false
+
+    def wait() -> bool:
+        from billing.services.admission_ledger import budget_alerts_check
+
+        try:
+            after = finish()
+            if after:
+                due = budget_alerts_check(backend=backend, after=after, ttl_s=40 * 86400)
+                for scope, period, percent, used, limit in due:
+                    _alert_enqueue(scope=scope, period=period, percent=percent, used=used, limit=limit)
+        except Exception as exc:  # noqa: BLE001 - Redis down: the caller settles again later
+            _settle_outage.failed(repr(exc))
+            return False
+        _settle_outage.ok()
+        return True
+
+    return wait
+
+
+def _settled_true() -> bool:
     return True
+
+
+def _settled_false() -> bool:
+    return False
 
 
 def _alert_enqueue(**alert) -> None:

@@ -94,15 +94,15 @@ def counter_rebuild(*, backend, key: str, start: datetime, end: datetime, ttl_s:
 
 def record_actual(record: dict, snapshot=None) -> Actual:
     """What a usage record (its `usage_record_fields` arguments) used, in each kind's unit."""
-    from billing.services.costs import instant
-    from billing.services.price_cache import pricing_snapshot
-
     prompt, cached = int(record.get("prompt_tokens") or 0), int(record.get("cached_tokens") or 0)
     completion, reason = int(record.get("completion_tokens") or 0), record["finish_reason"]
     cached = min(max(0, cached), prompt)
     charged = is_charged(finish_reason=reason, completion_tokens=completion)
     costing = record.get("costing")  # the worker's, computed once for the record and the client
     if costing is None:
+        from billing.services.costs import instant
+        from billing.services.price_cache import pricing_snapshot
+
         costing = usage_cost(
             model=record["model"], tier=record["tier"], admitted_at=instant(record.get("admitted_at")),
             prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, finish_reason=reason,
@@ -120,11 +120,12 @@ _alert_percents: TtlCache[str, tuple[int, ...]] = TtlCache("budget alert thresho
 def alert_percents(scope: str) -> tuple[int, ...]:
     """The budget alert thresholds of a counter's scope ("t<id>", or "k<id>": its tenant's): the tenant's own
     (set by its owners on the dashboard), else the platform's BUDGET_ALERT_PERCENTS. Kept ALERT_PERCENTS_TTL_S."""
-    from django.conf import settings
-
-    from tenants.models import ApiKey, Tenant
 
     def load() -> tuple[int, ...]:
+        from django.conf import settings
+
+        from tenants.models import ApiKey, Tenant
+
         if scope.startswith("k"):
             own = ApiKey.objects.filter(pk=int(scope[1:])).values_list("tenant__budget_alert_percents", flat=True).first()
         else:
@@ -149,10 +150,10 @@ def budget_alerts_check(*, backend, after: list[CounterAfter], ttl_s: int,
         if counter.kind != SPEND or counter.limit <= 0:
             continue
         used_percent = counter.value * 100 / counter.limit
-        crossed = [p for p in sorted(percents_of(CounterRef.parse(counter.key).scope)) if used_percent >= p]
+        ref = CounterRef.parse(counter.key)
+        crossed = [p for p in percents_of(ref.scope) if used_percent >= p]
         newly = [p for p in crossed if backend.alert_mark(f"{counter.key}:alert:{p}", ttl_s)]
         if newly:
-            ref = CounterRef.parse(counter.key)
             due.append((ref.scope, ref.period, max(newly), counter.value, counter.limit))
     return due
 

@@ -56,15 +56,6 @@ def usage_cost(
     return terms, milli, cost
 
 
-def usage_cost_usd(*, model: str, tier: str, admitted_at: float | datetime | None, prompt_tokens: int,
-                   cached_tokens: int, completion_tokens: int, finish_reason: str) -> dict[str, str]:
-    """The client-facing `usage.cost` object ({"currency": "usd", "input", ...} as decimal strings)."""
-    return usage_cost(
-        model=model, tier=tier, admitted_at=instant(admitted_at), prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens, completion_tokens=completion_tokens, finish_reason=finish_reason,
-    )[2].as_usd()
-
-
 def usage_rows_cost(rows: Iterable[dict[str, Any]]) -> None:
     """Add the cost columns to record rows (`usage_record_fields` output), one snapshot for all.
 

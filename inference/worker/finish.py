@@ -55,11 +55,12 @@ class ActiveRequest:
 
 
 def usage_records_safe(records: list[dict[str, Any]]) -> bool:
-    """Spool the records on disk (inference.worker.spool), then write them and settle their admission
-    reservations (billing.services.admission: tokens refunded, concurrency slots freed, quota and
-    budget counters corrected to the actual cost); what the database or Redis could not take now, the
-    spool's flusher retries until it can. Each ending is counted at once (inference.metrics.requests), its
-    tokens and spend when its record is written. Never raises; True when the records were written now."""
+    """Spool the records on disk (inference.worker.spool), then write them and, overlapping the insert,
+    settle their admission reservations (billing.services.admission: tokens refunded, concurrency slots
+    freed, quota and budget counters corrected to the actual cost); what the database or Redis could not
+    take now, the spool's flusher retries until it can. Each ending is counted at once
+    (inference.metrics.requests), its tokens and spend when its record is written. Never raises; True
+    when the records were written now."""
     if not records:
         return True
     from inference.metrics.requests import requests_observe

@@ -3,12 +3,14 @@ reservation settled, however long PostgreSQL or Redis is away.
 
     spool = spool_get()                 # this process's spool (settings.WORKER_SPOOL_DIR)
     spool.add(records)                  # durable (fsynced) before anything else happens
+    spool.process(records)              # the insert, and the settlement overlapping it
     spool.done(ids, written=True)       # written to PostgreSQL / settled in Redis: forgotten when both
 
 Every finished request passes through here (inference.worker.finish): its
 usage-record fields go into a SQLite file of this process, committed with
 `synchronous=FULL` (fsynced), before the record is inserted and the
-reservation settled. What one attempt could not do (the database or Redis
+reservation settled (what was done is marked without an fsync of its own:
+see `done`). What one attempt could not do (the database or Redis
 away) stays in the file; a flusher thread retries it every FLUSH_INTERVAL_S
 (backing off to FLUSH_MAX_INTERVAL_S) until it is done, then forgets it. The
 insert is idempotent on request_id and a reservation is settled once, so a
@@ -59,6 +61,8 @@ CREATE TABLE IF NOT EXISTS pending (
 # (records) -> None; raises ConnectionLost when the store is away (retry), anything else per bad record
 Writer = Callable[[list[dict[str, Any]]], None]
 Settler = Callable[[list[dict[str, Any]]], bool]
+# (records) -> the function that waits for their settlement (a Settler's result), started before the write
+SettleStarter = Callable[[list[dict[str, Any]]], Callable[[], bool]]
 
 
 class ConnectionLost(Exception):
@@ -74,10 +78,12 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 class Spool:
-    def __init__(self, directory: Path, *, write: Writer, settle: Settler) -> None:
+    def __init__(self, directory: Path, *, write: Writer, settle: Settler,
+                 settle_start: SettleStarter | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.write, self.settle = write, settle
+        self.settle_start = settle_start  # None: `process` settles after the write
         name = f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = self.directory / f"{name}.sqlite3"
         self._lock_file = open(self.directory / f"{name}.lock", "w")  # noqa: SIM115 - held for the process's life
@@ -111,13 +117,19 @@ class Spool:
         if not request_ids or not (written or settled):
             return
         with self._db_lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            for column, flag in (("written", written), ("settled", settled)):
-                if flag:
-                    self._db.executemany(f"UPDATE pending SET {column} = 1 WHERE request_id = ?",
-                                         [(rid,) for rid in request_ids])
-            self._db.execute("DELETE FROM pending WHERE written = 1 AND settled = 1")
-            self._db.execute("COMMIT")
+            # Not fsynced (WAL, synchronous=NORMAL: the next `add` syncs it along): a mark lost in a power
+            # failure only writes the record and settles it again, and both are done once whatever the tries.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                for column, flag in (("written", written), ("settled", settled)):
+                    if flag:
+                        self._db.executemany(f"UPDATE pending SET {column} = 1 WHERE request_id = ?",
+                                             [(rid,) for rid in request_ids])
+                self._db.execute("DELETE FROM pending WHERE written = 1 AND settled = 1")
+                self._db.execute("COMMIT")
+            finally:
+                self._db.execute("PRAGMA synchronous=FULL")
         if self.pending():
             self._start_flusher()
 
@@ -136,16 +148,41 @@ class Spool:
 
     # ------------------------------------------------------------ one pass
     def process(self, records: list[dict[str, Any]]) -> tuple[bool, bool]:
-        """Write, then settle, `records` (already added): (all written, all settled). Never raises."""
+        """Write and settle `records` (already added): (all written, all settled). Never raises.
+
+        With `settle_start` the settlement runs while the insert does (two round trips to two servers,
+        overlapped): one that fails is retried like a failed write, and the order of the two does not
+        matter (the spool keeps each record until both are done; each is done once). While the database
+        is known to be away, nothing is settled until its record is written."""
         ids = [r["request_id"] for r in records]
+        waiting = None
+        if self.settle_start is not None and not self.db_outage.down:
+            waiting = self._settle_started(records)
         written = self._write(records)
         settled = False
-        if written or not self.db_outage.down:
+        if waiting is not None:
+            settled = self._settle_waited(waiting)
+        elif written or not self.db_outage.down:
             settled = bool(self.settle(records))
         self.done(ids, written=written, settled=settled)
         if not (written and settled):
             self.retry_later()
         return written, settled
+
+    def _settle_started(self, records: list[dict[str, Any]]) -> Callable[[], bool]:
+        try:
+            return self.settle_start(records)
+        except Exception:  # noqa: BLE001 - a settler that raises: settled later, by the flusher
+            logger.exception("could not start settling %s", [r.get("request_id") for r in records])
+            return lambda: False
+
+    @staticmethod
+    def _settle_waited(waiting: Callable[[], bool]) -> bool:
+        try:
+            return bool(waiting())
+        except Exception:  # noqa: BLE001
+            logger.exception("settling usage records failed")
+            return False
 
     def _write(self, records: list[dict[str, Any]]) -> bool:
         try:
@@ -210,6 +247,9 @@ class Spool:
                 time.sleep(FLUSH_INTERVAL_S)
         self._closed = True
         self._wake.set()
+        flusher = self._flusher
+        if flusher is not None and flusher is not threading.current_thread():
+            flusher.join(timeout=max(1.0, flush_timeout))  # no write from it after close
         with self._db_lock:
             self._db.close()
         if not left:
@@ -267,12 +307,12 @@ def spool_get() -> Spool:
             if _spool is None:
                 from django.conf import settings
 
-                from billing.services.admission import admission_settle_records
+                from billing.services.admission import admission_settle_records, admission_settle_start
 
                 from .finish import usage_records_write
 
                 _spool = Spool(Path(settings.WORKER_SPOOL_DIR), write=usage_records_write,
-                               settle=admission_settle_records)
+                               settle=admission_settle_records, settle_start=admission_settle_start)
     return _spool
 
 

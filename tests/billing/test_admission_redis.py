@@ -60,3 +60,48 @@ def test_redis_unreachable_admits_nothing(tenant_factory, tier_factory):
     with pytest.raises(ServiceUnavailable) as refused:
         reserve(AuthContext(tenant=tenant, tier=tenant.tier, api_key=None), prompt_tokens=1, max_tokens=1)
     assert refused.value.code == "limits_unavailable" and refused.value.status_code == 503
+
+
+def test_an_overlapped_settlement_with_redis_away_says_so_and_raises_nothing(redis_backend, tenant_factory,
+                                                                           tier_factory, price_factory):
+    """The worker's settlement (billing.services.admission.admission_settle_start) on a Redis that went away
+    after the admission: False (the spool keeps the record unsettled and retries), no exception."""
+    from billing.services.admission import admission_settle_start
+    from tenants.services.api_keys import AuthContext
+
+    price_factory(model=MODEL, input="1", cached="1", output="1", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    tier = tier_factory(requests_per_minute=100, tokens_per_minute=0, max_concurrent_requests=5, monthly_token_quota=0)
+    tenant = tenant_factory(tier=tier)
+    auth = AuthContext(tenant=tenant, tier=tier, api_key=None)
+    admitted = reserve(auth, prompt_tokens=10, max_tokens=10)
+    record = {"request_id": admitted.request_id, "tenant_id": tenant.pk, "model": MODEL, "tier": tier.name,
+              "prompt_tokens": 10, "cached_tokens": 0, "completion_tokens": 5, "finish_reason": "stop"}
+    reset_admission_backend(RedisAdmission(url="redis://127.0.0.1:1/0"))  # nothing listens on port 1
+    assert admission_settle_start([record])() is False
+    reset_admission_backend(redis_backend)
+    assert admission_settle_start([record])() is True
+    assert redis_backend.held() == (0, 0)  # the reservation and its slot, settled by the second try
+
+
+def test_an_overlapped_settlement_survives_a_redis_that_forgot_its_scripts(redis_backend, tenant_factory,
+                                                                         tier_factory, price_factory):
+    """The settlement is sent as EVALSHA before the worker's insert; after a Redis restart (SCRIPT FLUSH here)
+    the reply is NOSCRIPT, the script did not run, and finishing loads and runs it: settled once."""
+    from billing.services.admission import admission_settle_start
+    from tenants.services.api_keys import AuthContext
+
+    price_factory(model=MODEL, input="1", cached="1", output="1", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    tier = tier_factory(requests_per_minute=100, tokens_per_minute=0, max_concurrent_requests=1, monthly_token_quota=0)
+    tenant = tenant_factory(tier=tier, monthly_spend_limit_micros=1_000)
+    auth = AuthContext(tenant=tenant, tier=tier, api_key=None)
+    records = []
+    for _ in range(2):
+        admitted = reserve(auth, prompt_tokens=10, max_tokens=10)  # the second needs the first's slot back
+        records.append({"request_id": admitted.request_id, "tenant_id": tenant.pk, "model": MODEL,
+                        "tier": tier.name, "prompt_tokens": 10, "cached_tokens": 0, "completion_tokens": 5,
+                        "finish_reason": "stop"})
+        redis_backend.redis.script_flush()
+        assert admission_settle_start(records[-1:])() is True
+        assert redis_backend.held() == (0, 0)
+    spend = [int(redis_backend.redis.get(k)) for k in redis_backend.redis.scan_iter(match=redis_backend.prefix + ":q:*:spend")]
+    assert spend == [2 * 15_000]  # 15 tokens at $1/M each, in nano-dollars: each settled once

@@ -122,6 +122,32 @@ def test_a_budget_reserves_the_worst_case_and_settles_to_the_cost(clock, tenant_
     assert reserve(auth, prompt=1000, max_tokens=1000).reserved
 
 
+def test_the_workers_overlapped_settlement_settles_as_the_direct_one_does(clock, tenant_factory, tier_factory,
+                                                                          auth_for, price_factory):
+    """admission_settle_start (the worker: the counters' call started before its insert, finished after)
+    leaves the counters where admission_settle_records does."""
+    from billing.admission import get_admission_backend
+    from billing.services.admission import admission_settle_start
+
+    price_factory(model=MODEL, input="1", cached="0.5", output="2", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    tenant = tenant_factory(tier=unlimited_tier(tier_factory, max_concurrent_requests=1),
+                            monthly_spend_limit_micros=5_000)
+    auth = auth_for(tenant)
+    backend = get_admission_backend()
+    started = []
+    settle_many_start = backend.settle_many_start
+    backend.settle_many_start = lambda items: started.append(len(items)) or settle_many_start(items)
+    first = reserve(auth, prompt=1000, max_tokens=1000)
+    wait = admission_settle_start([finished(first, auth, prompt=1000, cached=500, completion=100)])
+    assert started == [1] and wait() is True
+    key = backend.key("q", f"t{tenant.pk}", period_current(tz="UTC").label, "spend")
+    assert backend.counter_get(key) == 950_000  # as in the direct settlement above
+    second = reserve(auth, prompt=1000, max_tokens=1000)  # the one concurrency slot is free again
+    assert admission_settle_start([finished(second, auth, prompt=1000, completion=1000)], overlap=False)() is True
+    assert started == [1]  # not overlapped: settle_many
+    assert backend.counter_get(key) == 950_000 + 3_000_000
+
+
 def test_a_flushed_counter_is_rebuilt_from_the_ledger(clock, tenant_factory, tier_factory, auth_for, record_write):
     from billing.admission import get_admission_backend
 

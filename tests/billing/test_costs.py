@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from billing.models import Adjustment, UsageRecord
 from billing.money import FEMTOS_PER_USD
 from billing.services.adjustments import adjustment_create
-from billing.services.costs import usage_cost_usd
+from billing.services.costs import instant, usage_cost
 from billing.services.usage import usage_record_create, usage_records_insert
 from tests.billing.conftest import T0
 
@@ -82,8 +82,8 @@ def test_an_unpriced_model_is_recorded_free_and_shows_no_version(tenant, record_
 def test_the_client_cost_equals_the_records(tenant, price_factory, record_write):
     price_factory(input="0.15", cached="0.075", output="0.6")
     record = record_write(tenant, prompt_tokens=321, cached_tokens=64, completion_tokens=77)
-    cost = usage_cost_usd(model="m", tier=tenant.tier.name, admitted_at=T0.timestamp(), prompt_tokens=321,
-                          cached_tokens=64, completion_tokens=77, finish_reason="stop")
+    cost = usage_cost(model="m", tier=tenant.tier.name, admitted_at=instant(T0.timestamp()), prompt_tokens=321,
+                      cached_tokens=64, completion_tokens=77, finish_reason="stop")[2].as_usd()  # as the worker does
     assert Decimal(cost["total"]) == usd(record.cost_femtos)
     assert Decimal(cost["cached_input"]) == usd(record.cached_input_cost_femtos)
 

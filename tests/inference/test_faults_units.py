@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 
 from common.outage import Outage
@@ -133,6 +134,88 @@ def test_a_record_that_can_never_be_written_does_not_block_the_others(tmp_path):
     spool.add(records)
     spool.process(records)
     assert spool.flush_once() == 0 and list(database) == ["good"]
+    spool.close()
+
+
+def test_a_closed_spool_writes_nothing_more(tmp_path):
+    """close() waits for the flusher thread: after it returns, no write runs (a worker's shutdown; a test's end)."""
+    import threading
+
+    writes: list[int] = []
+    entered = threading.Event()
+
+    def write(records):
+        writes.append(len(records))
+        if len(writes) > 1:  # the flusher's retry: slow, so close() finds it mid-write
+            entered.set()
+            time.sleep(0.3)
+        raise ConnectionLost("connection refused")
+
+    spool = Spool(tmp_path, write=write, settle=lambda records: True)
+    records = [{"request_id": "r1"}]
+    spool.add(records)
+    spool.process(records)
+    assert entered.wait(5)
+    assert spool.close(flush_timeout=0) == 1
+    assert not spool._flusher.is_alive()
+    count = len(writes)
+    time.sleep(0.6)
+    assert len(writes) == count
+
+
+def test_the_settlement_overlaps_the_insert_and_a_failed_one_is_retried(tmp_path):
+    """Spool.process starts the settlement before the write and waits for both; a settlement that failed
+    leaves the record spooled until the spool's flusher settles it (the write is not repeated)."""
+    import threading
+
+    started = threading.Event()
+    writes: list[str] = []
+    settled: list[str] = []
+    outcome = {"ok": False}
+
+    def write(records):
+        assert started.wait(5)  # the settlement was started first: the two round trips overlap
+        writes.extend(r["request_id"] for r in records)
+
+    def settle_start(records):
+        started.set()
+        return lambda: outcome["ok"] and not settled.extend(r["request_id"] for r in records)
+
+    def settle(records):
+        settled.extend(r["request_id"] for r in records)
+        return True
+
+    spool = Spool(tmp_path, write=write, settle=settle, settle_start=settle_start)
+    records = [{"request_id": "r1"}]
+    spool.add(records)
+    assert spool.process(records) == (True, False)
+    deadline = time.monotonic() + 5
+    while spool.pending() and time.monotonic() < deadline:  # the spool's flusher, woken by the failure
+        time.sleep(0.01)
+    assert spool.pending() == 0 and writes == ["r1"] and settled == ["r1"]
+    started.clear()
+    outcome["ok"] = True
+    records = [{"request_id": "r2"}]
+    spool.add(records)
+    assert spool.process(records) == (True, True) and spool.pending() == 0
+    assert writes == ["r1", "r2"] and settled == ["r1", "r2"]
+    spool.close()
+
+
+def test_adding_is_fsynced_and_marking_done_is_not(tmp_path):
+    """A record is on disk before anything else (synchronous=FULL); marking it done skips the fsync (a mark lost
+    in a power failure only repeats idempotent work) and leaves the connection at FULL for the next add."""
+    statements: list[str] = []
+    spool = Spool(tmp_path, write=lambda records: None, settle=lambda records: True)
+    spool._db.set_trace_callback(statements.append)
+    records = [{"request_id": "r1"}]
+    spool.add(records)
+    assert spool.process(records) == (True, True)
+    spool._db.set_trace_callback(None)
+    begins = [i for i, sql in enumerate(statements) if sql.startswith("BEGIN")]
+    assert len(begins) == 2  # add, then done
+    assert statements.index("PRAGMA synchronous=NORMAL") == begins[1] - 1  # only for the second: after add's COMMIT
+    assert spool._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
     spool.close()
 
 
