@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import date, timedelta
 from decimal import Decimal
 
 from django import forms
@@ -12,6 +12,7 @@ from tenants.models import ApiKey
 from tenants.services.limits import MAX_ALERT_PERCENT, MAX_ALERTS
 
 SCOPE_CHOICES = [(scope, scope) for scope in ApiKey.ALL_SCOPES]
+EARLIEST_DAY = date(2000, 1, 1)  # the usage filter's bounds: far dates would overflow the zone arithmetic (a 500)
 
 
 class UsageFilterForm(forms.Form):
@@ -29,7 +30,11 @@ class UsageFilterForm(forms.Form):
     def clean(self):
         data = super().clean()
         end = data.get("end") or self.today
+        if not EARLIEST_DAY <= end <= self.today + timedelta(days=366):
+            raise forms.ValidationError(f"The range must end between {EARLIEST_DAY} and a year from today.")
         start = data.get("start") or end - timedelta(days=29)
+        if start < EARLIEST_DAY:
+            raise forms.ValidationError(f"The range cannot start before {EARLIEST_DAY}.")
         if start > end:
             raise forms.ValidationError("The range starts after it ends.")
         if (end - start).days + 1 > MAX_RANGE_DAYS:
@@ -38,8 +43,10 @@ class UsageFilterForm(forms.Form):
         return data
 
 
-def _limit(label: str) -> forms.IntegerField:
-    return forms.IntegerField(required=False, min_value=1, label=label, help_text="empty: the tenant's limit only")
+def _limit(label: str, max_value: int = 2_147_483_647) -> forms.IntegerField:
+    """A per-key limit; `max_value`: what its column holds (PositiveIntegerField; the quota is a BigIntegerField)."""
+    return forms.IntegerField(required=False, min_value=1, max_value=max_value, label=label,
+                              help_text="empty: the tenant's limit only")
 
 
 class ApiKeyCreateForm(forms.Form):
@@ -50,7 +57,7 @@ class ApiKeyCreateForm(forms.Form):
     requests_per_minute = _limit("Requests per minute")
     tokens_per_minute = _limit("Tokens per minute")
     max_concurrent_requests = _limit("Concurrent requests")
-    monthly_token_quota = _limit("Monthly token quota")
+    monthly_token_quota = _limit("Monthly token quota", max_value=2**63 - 1)
     monthly_budget_usd = forms.DecimalField(required=False, min_value=Decimal("0.000001"), decimal_places=6,
                                             max_digits=15, label="Monthly budget (USD)",
                                             help_text="empty: the tenant's budget only")

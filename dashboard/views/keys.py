@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
@@ -51,6 +53,11 @@ def keys(request, slug: str):
     except ApiError as exc:
         form.add_error(exc.param if exc.param in form.fields else None, exc.message)
         return _keys_page(request, membership, form)
+    except ValidationError as exc:  # a limit the key's row cannot hold (the model's own validation)
+        for field, errors in exc.message_dict.items():
+            for error in errors:
+                form.add_error(field if field in form.fields else None, error)
+        return _keys_page(request, membership, form)
     # The secret is in this response only: no redirect, nothing stored that could show it again.
     response = _keys_page(request, membership, ApiKeyCreateForm(), created=created)
     response["Cache-Control"] = "no-store"
@@ -61,10 +68,10 @@ def keys(request, slug: str):
 @require_POST
 def key_revoke(request, slug: str, key_id: str):
     membership = membership_or_404(request, slug)
+    require(membership.can_manage_keys)  # before the lookup: a viewer learns nothing of which keys exist
     api_key = api_key_get(tenant=membership.tenant, key_id=key_id)
     if api_key is None:
         raise Http404("No such key")
-    require(membership.can_manage_keys)
     api_key_revoke(api_key=api_key)
     messages.success(request, f"Key {api_key.name} ({api_key.redacted}) revoked.")
     return redirect("dashboard:keys", slug=slug)
@@ -75,7 +82,7 @@ def tenant_settings(request, slug: str):
     """The tenant's limits (everyone reads them); its monthly budget (owners change it)."""
     membership = membership_or_404(request, slug)
     tenant = membership.tenant
-    form = BudgetForm(initial={"monthly_budget_usd": tenant.monthly_spend_limit_micros / 1_000_000 or None})
+    form = BudgetForm(initial={"monthly_budget_usd": _budget_usd(tenant)})
     if request.method == "POST":
         require(membership.can_manage_settings)
         form = BudgetForm(request.POST)
@@ -85,6 +92,12 @@ def tenant_settings(request, slug: str):
             messages.success(request, "Budget saved.")
             return redirect("dashboard:settings", slug=slug)
     return _settings_page(request, membership, form, _alerts_form(tenant))
+
+
+def _budget_usd(tenant) -> Decimal | None:
+    """The tenant's monthly budget in USD, exact (None: no budget)."""
+    micros = tenant.monthly_spend_limit_micros
+    return Decimal(micros).scaleb(-6) if micros else None
 
 
 def _alerts_form(tenant) -> BudgetAlertsForm:
@@ -107,8 +120,7 @@ def budget_alerts(request, slug: str):
     require(membership.can_manage_settings)
     form = BudgetAlertsForm(request.POST)
     if not form.is_valid():
-        budget = BudgetForm(initial={"monthly_budget_usd": membership.tenant.monthly_spend_limit_micros / 1_000_000
-                                     or None})
+        budget = BudgetForm(initial={"monthly_budget_usd": _budget_usd(membership.tenant)})
         return _settings_page(request, membership, budget, form)
     budget_alert_percents_set(tenant=membership.tenant, percents=form.cleaned_data["alert_percents"])
     alert_percents_forget()

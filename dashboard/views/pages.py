@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from decimal import Decimal
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
@@ -30,6 +31,11 @@ def home(request):
     return render(request, "dashboard/home.html", {"memberships": memberships})
 
 
+def _plain(amount: Decimal) -> str:
+    """USD as a plain decimal string, as `usd_str` writes the island's other amounts ("0", never "0E-9")."""
+    return format(amount.normalize(), "f")
+
+
 @login_required
 def overview(request, slug: str):
     membership = membership_or_404(request, slug)
@@ -37,8 +43,8 @@ def overview(request, slug: str):
     data = {
         "period": figures.period.label, "timezone": membership.tenant.timezone, **figures.totals,
         "spend_usd": usd_str(figures.totals["cost_femtos"]), "quota_used_tokens": figures.quota_used,
-        "quota_limit_tokens": figures.quota_limit, "budget_used_usd": str(figures.budget_used_usd),
-        "budget_limit_usd": str(figures.budget_limit_usd), "cache_hit_rate": figures.cache_hit_rate,
+        "quota_limit_tokens": figures.quota_limit, "budget_used_usd": _plain(figures.budget_used_usd),
+        "budget_limit_usd": _plain(figures.budget_limit_usd), "cache_hit_rate": figures.cache_hit_rate,
         "limits": {row.name: row.effective for row in figures.limits},
     }
     return render(request, "dashboard/overview.html", {

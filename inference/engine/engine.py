@@ -111,7 +111,7 @@ class Engine(StepFailures, AsyncSchedulingSteps):
                                                      backend=get_ops(self.device).backend,
                                                      batch_invariant=config.batch_invariant)
         self.eos_token_id = self.tokenizer.eos_token_id
-        self.sampler = Sampler(eos_token_id=self.eos_token_id, seed=config.seed)
+        self.sampler = Sampler(eos_token_id=self.eos_token_id, seed=config.seed, per_row=config.batch_invariant)
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
         if self.tokenizer.byte_level:
             self.tokenizer.token_text_table()  # now, not in the first request's step (detokenizer, logprobs)

@@ -51,6 +51,10 @@ def rows_metadata(meta: AttentionMetadata, positions: torch.Tensor, num_new_toke
         return
     device = positions.device
     counts = torch.tensor(num_new_tokens, dtype=torch.int64)
-    row_seq = torch.repeat_interleave(torch.arange(len(num_new_tokens)), counts).to(device)
+    row_seq = torch.repeat_interleave(torch.arange(len(num_new_tokens)), counts)
+    if device.type == "cuda":  # pinned, queued behind the GPU's work (a pageable copy would wait for it)
+        row_seq = row_seq.pin_memory().to(device, non_blocking=True)
+    else:
+        row_seq = row_seq.to(device)
     meta.row_block_tables = meta.block_tables.index_select(0, row_seq)
     meta.row_seq_lens = (positions + 1).to(torch.int32)

@@ -50,9 +50,16 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, *, eos_token_id: int | None, seed: int = 0) -> None:
+    """`per_row` (batch-invariant mode): every sampled row is filtered and drawn on its own, and its logprobs
+    ranked with its own k. Batched, a row's candidate width is the step's largest (so ties at its k-th place,
+    and whether top-p sorts the whole row, depend on its neighbours), and a reduction over a one-row tensor
+    may take another order than over several (torch splits one long row across threads on the CPU; CUDA
+    scans a single row with another kernel)."""
+
+    def __init__(self, *, eos_token_id: int | None, seed: int = 0, per_row: bool = False) -> None:
         self.eos_token_id = eos_token_id
         self.generator = torch.Generator().manual_seed(seed)
+        self.per_row = per_row
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         return self.finish(self.launch(logits, seqs))
@@ -66,7 +73,7 @@ class Sampler:
             token_ids = pending.host_tokens.tolist()
         else:
             token_ids = tokens.tolist()
-        logprobs = _gather_logprobs(pending.raw_lp, rows, pending.seqs, tokens) if rows else None
+        logprobs = _gather_logprobs(pending.raw_lp, rows, pending.seqs, tokens, self.per_row) if rows else None
         return SamplerOutput(token_ids, logprobs)
 
     @torch.inference_mode()
@@ -76,13 +83,17 @@ class Sampler:
         logits = logits.float()
         dev = logits.device
         lp_rows = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
-        raw_lp = torch.log_softmax(logits[_to_device(torch.tensor(lp_rows), dev)], dim=-1) if lp_rows else None
+        raw_lp = None
+        if lp_rows and self.per_row:
+            raw_lp = torch.cat([torch.log_softmax(logits[i:i + 1], dim=-1) for i in lp_rows])
+        elif lp_rows:
+            raw_lp = torch.log_softmax(logits[_to_device(torch.tensor(lp_rows), dev)], dim=-1)
         self._process(logits, seqs)
         greedy = [s.sampling.greedy for s in seqs]
         if all(greedy):
             tokens = logits.max(dim=-1).indices  # first maximum, like argmax, and cheaper than it on the CPU
         elif not any(greedy):
-            tokens = self._sample(logits, seqs)
+            tokens = self._sample_rows(logits, seqs)
         else:
             tokens = torch.empty(len(seqs), dtype=torch.long, device=dev)
             g_rows = [i for i, g in enumerate(greedy) if g]
@@ -90,7 +101,7 @@ class Sampler:
             idx = _to_device(torch.tensor(g_rows), dev)
             tokens[idx] = logits[idx].max(dim=-1).indices
             idx = _to_device(torch.tensor(r_rows), dev)
-            tokens[idx] = self._sample(logits[idx], [seqs[i] for i in r_rows])
+            tokens[idx] = self._sample_rows(logits[idx], [seqs[i] for i in r_rows])
         pending = PendingSample(tokens, raw_lp, lp_rows, seqs)
         if dev.type == "cuda":
             pending.host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -115,6 +126,11 @@ class Sampler:
                     banned.append(self.eos_token_id)
                 if banned:
                     logits[i, _to_device(torch.tensor(banned), dev)] = -float("inf")
+
+    def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        if not self.per_row or len(seqs) == 1:
+            return self._sample(logits, seqs)
+        return torch.cat([self._sample(logits[i:i + 1], [s]) for i, s in enumerate(seqs)])
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         dev = logits.device
@@ -148,12 +164,18 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def _gather_logprobs(raw_lp, rows, seqs, tokens) -> list[SampledLogprobs | None]:
+def _gather_logprobs(raw_lp, rows, seqs, tokens, per_row: bool = False) -> list[SampledLogprobs | None]:
     idx = torch.tensor(rows, device=raw_lp.device)
     chosen = raw_lp.gather(1, tokens[idx][:, None]).squeeze(1).tolist()
     k = max(seqs[i].sampling.logprobs for i in rows)
     top_v = top_i = None
-    if k:
+    if k and per_row:  # each row ranked with its own k: which of several tied tokens comes first depends on k
+        top_v, top_i = [], []
+        for j, i in enumerate(rows):
+            values, indices = raw_lp[j:j + 1].topk(seqs[i].sampling.logprobs, dim=-1)
+            top_v.append(values[0].tolist())
+            top_i.append(indices[0].tolist())
+    elif k:
         top_v, top_i = raw_lp.topk(k, dim=-1)
         top_v, top_i = top_v.tolist(), top_i.tolist()
     out: list[SampledLogprobs | None] = [None] * len(seqs)

@@ -110,6 +110,7 @@ def limits_set(*, tenant, api_key=None, values: dict[str, int], clear: list[str]
     The auth cache drops the row on save, so the next request sees the change.
     """
     target = api_key if api_key is not None else tenant
+    changed = [*clear, *values]
     for name in clear:
         if name not in LIMIT_FIELDS:
             raise ValueError(f"unknown limit {name!r}; one of {', '.join(LIMIT_OPTIONS)}")
@@ -123,7 +124,7 @@ def limits_set(*, tenant, api_key=None, values: dict[str, int], clear: list[str]
             raise ValueError(f"{name} is a whole number >= 0 (0: no limit)")
         setattr(target, name, int(value))
     target.full_clean()
-    target.save()
+    target.save(update_fields=changed)  # only these: an admin's change to another column at the same time stays
     return limits_explain(tenant=tenant, api_key=api_key)
 
 

@@ -158,3 +158,40 @@ def test_usage_range_is_checked(tenant, member_factory):
                                 {"start": "2026-02-01", "end": "2026-01-01"})
     assert reversed_range.status_code == 400 and b"starts after it ends" in reversed_range.content
     assert client.get(base, {"key": "999999"}).status_code == 200  # not one of the tenant's keys: a form error
+
+
+def test_far_dates_are_a_form_error_not_a_500(tenant_factory, member_factory):
+    """A range at the calendar's edges (year 9999; year 1 in a zone east of UTC) overflowed the zone arithmetic."""
+    tokyo = tenant_factory(slug="tenant-tokyo", timezone="Asia/Tokyo")
+    client = login(member_factory(tokyo, "viewer"))
+    for name in ("dashboard:usage", "dashboard:usage-csv"):
+        url = reverse(name, args=[tokyo.slug])
+        for query in ({"end": "9999-12-31"}, {"start": "0001-01-01", "end": "0001-01-05"}, {"end": "1999-12-31"}):
+            response = client.get(url, query)
+            assert response.status_code in (200, 400), (name, query, response.status_code)
+            assert b"between 2000-01-01" in response.content or b"before 2000-01-01" in response.content
+
+
+def test_a_key_limit_its_column_cannot_hold_is_a_form_error(tenant, member_factory):
+    client = login(member_factory(tenant, "member"))
+    url = reverse("dashboard:keys", args=[tenant.slug])
+    response = client.post(url, {"name": "big", "tokens_per_minute": "3000000000"})
+    assert response.status_code == 200 and b"less than or equal to 2147483647" in response.content
+    assert not ApiKey.objects.filter(tenant=tenant, name="big").exists()
+    response = client.post(url, {"name": "quota", "monthly_token_quota": str(2**63)})
+    assert response.status_code == 200 and not ApiKey.objects.filter(tenant=tenant, name="quota").exists()
+
+
+def test_a_viewer_cannot_tell_which_keys_exist(tenant, member_factory, api_key_factory):
+    key = api_key_factory(tenant=tenant).api_key
+    client = login(member_factory(tenant, "viewer"))
+    for key_id in (key.public_id, "key_doesnotexist0000000"):
+        assert client.post(reverse("dashboard:key-revoke", args=[tenant.slug, key_id])).status_code == 403
+
+
+def test_the_overview_island_writes_budgets_as_plain_decimals(tenant, member_factory):
+    tenant.monthly_spend_limit_micros = 1  # $0.000001, and nothing used: "0", not "0E-9"
+    tenant.save()
+    data = island(login(member_factory(tenant, "viewer")).get(reverse("dashboard:overview", args=[tenant.slug])),
+                  "overview-data")
+    assert data["budget_used_usd"] == "0" and data["budget_limit_usd"] == "0.000001"

@@ -39,8 +39,9 @@ def engine_for(loaded, **overrides) -> Engine:
     return Engine(EngineConfig(**config), loaded=loaded)
 
 
-def run(engine: Engine, requests: list[tuple[str, list[int], dict]]) -> tuple[dict[str, list[int]], dict]:
-    """Run `requests` (id, prompt, sampling fields) to the end -> (tokens by id, facts about the steps)."""
+def run(engine: Engine, requests: list[tuple[str, list[int], dict]]) -> tuple[dict[str, list], dict]:
+    """Run `requests` (id, prompt, sampling fields) to the end -> (tokens, and the repr of each token's
+    logprobs when asked, by id; facts about the steps)."""
     for request_id, prompt, sampling in requests:
         engine.add_request(request_id, prompt, SamplingParams(**sampling))
     tokens: dict[str, list[int]] = {}
@@ -52,6 +53,8 @@ def run(engine: Engine, requests: list[tuple[str, list[int], dict]]) -> tuple[di
             facts["shared_steps"] += 1  # a target sampled in a step where two others did too
         for out in outputs:
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.logprobs:  # compared exactly with the tokens: the chosen token's and the top 5's
+                tokens[out.request_id].extend(repr(entry) for entry in out.logprobs)
             if out.finished:
                 facts["cached"][out.request_id] = out.usage.cached_tokens
     return tokens, facts
@@ -68,7 +71,8 @@ def test_same_tokens_alone_in_a_chunked_batch_and_after_a_prefix_hit(loaded, pro
     alone: dict[str, list[int]] = {}
     for request in targets(prompts):
         alone.update(run(engine, [request])[0])
-    assert all(len(alone[f"t{i}"]) == 8 for i in range(len(prompts)))
+    assert all(len([t for t in alone[f"t{i}"] if isinstance(t, int)]) == 8 for i in range(len(prompts)))
+    assert any(isinstance(t, str) for t in alone["t1"])  # logprobs are part of what is compared
     assert len({tuple(t) for t in alone.values()}) > 1
 
     # beside 32 other requests of mixed lengths, every prompt split into chunks of CHUNK tokens

@@ -235,3 +235,36 @@ def test_sampler_on_cuda_matches_the_cpu():
             if a is not None:
                 assert b.logprob == pytest.approx(a.logprob, abs=1e-4)
                 assert [t for t, _ in b.top] == [t for t, _ in a.top]
+
+
+def _tied_logits(vocab: int = 49_152, seed: int = 0) -> torch.Tensor:
+    """One row with 300 tokens tied at the top: which of them a top-k keeps, and in which order, depends on k."""
+    g = torch.Generator().manual_seed(seed)
+    row = torch.zeros(1, vocab)
+    row[0, torch.randint(0, vocab, (300,), generator=g)] = 4.0
+    return row
+
+
+def _beside(row: torch.Tensor, others: int) -> torch.Tensor:
+    return torch.cat([row, torch.randn(others, row.shape[1], generator=torch.Generator().manual_seed(9))])
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_batch_invariant_sampling_does_not_depend_on_the_neighbours(per_row):
+    """Batch-invariant mode (per_row) gives a row the same top_logprobs and the same top-k draw alone and beside
+    rows asking for more candidates; batched (the default) the step's largest k decides ties, and differs."""
+    row = _tied_logits()
+    mine = SamplingParams(temperature=1.0, top_k=5, logprobs=5, seed=11)
+    neighbour = SamplingParams(temperature=1.0, top_k=1000, logprobs=20, seed=12)
+
+    def run(batch: torch.Tensor, n_neighbours: int):
+        seqs = [seq(mine)] + [seq(neighbour) for _ in range(n_neighbours)]
+        out = Sampler(eos_token_id=None, per_row=per_row)(batch.clone(), seqs)
+        return out.token_ids[0], out.logprobs[0].top
+
+    alone = run(row, 0)
+    beside = run(_beside(row, 3), 3)
+    if per_row:
+        assert beside == alone
+    else:  # the control: the gap the mode closes is real
+        assert beside[1] != alone[1]

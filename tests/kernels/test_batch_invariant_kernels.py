@@ -55,13 +55,29 @@ def test_fixed_matmul_rows_reference_is_row_invariant():
     torch.testing.assert_close(full, fixed_matmul_ref(x, w))
 
 
+def numpy_matmul_is_row_invariant() -> bool:
+    """Whether numpy's matmul gives a row the same bits wherever it sits in the matrix. Triton's interpreter
+    computes `tl.dot` with numpy, so where it does not (OpenBLAS's AVX-512 kernels, seen on a Zen 5 host:
+    a row's accumulation order depends on its place in the micro-kernel's tile), the interpreter cannot show
+    the compiled kernel's bit-exactness; the compiled kernel on a GPU is checked bit for bit at real shapes."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((70, 80), dtype=np.float32), rng.standard_normal((80, 96), dtype=np.float32)
+    order = rng.permutation(70)
+    return bool(np.array_equal((a @ b)[order], a[order] @ b))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fixed_matmul_triton(device, dtype):
     gen = torch.Generator().manual_seed(5)
     rows, n, k = (70, 90, 80) if device == "cpu" else (300, 960, 576)
     x = torch.randn(rows, k, generator=gen).to(dtype).to(device)
     w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype).to(device)
-    full = assert_rows_invariant(fixed_matmul, x, w, (1, 3, 64, 65))
+    if device == "cpu" and not numpy_matmul_is_row_invariant():
+        full = fixed_matmul(x, w)  # the values only: see numpy_matmul_is_row_invariant
+    else:
+        full = assert_rows_invariant(fixed_matmul, x, w, (1, 3, 64, 65))
     torch.testing.assert_close(full.float(), fixed_matmul_ref(x, w).float(), atol=TOL[dtype], rtol=TOL[dtype])
     assert fixed_matmul(x, w, torch.float32).dtype == torch.float32
 

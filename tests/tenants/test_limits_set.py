@@ -64,3 +64,17 @@ def test_the_admin_shows_the_effective_limits(admin_client, tenant_factory, tier
     page = admin_client.get(f"/admin/tenants/apikey/{key.pk}/change/").content.decode()
     assert "<td>requests_per_minute</td><td>60</td><td>2</td><td><b>2</b></td><td>key</td>" in page
     assert 'name="requests_per_minute"' in page  # editable there
+
+
+def test_setting_a_limit_writes_only_the_limits_it_names(tenant_factory, tier_factory):
+    """A dashboard owner's budget change must not write back a stale copy of the row: an operator's tier change
+    (or suspension) made meanwhile stays."""
+    from tenants.models import Tenant
+    from tenants.services.limits import limits_set
+
+    tenant = tenant_factory(tier=tier_factory(name="free-x"))
+    stale = Tenant.objects.get(pk=tenant.pk)  # the dashboard's copy, loaded at the start of its request
+    Tenant.objects.filter(pk=tenant.pk).update(tier=tier_factory(name="pro-x"), status="suspended")
+    limits_set(tenant=stale, values={"monthly_spend_limit_micros": 5_000_000})
+    tenant.refresh_from_db()
+    assert (tenant.tier.name, tenant.status, tenant.monthly_spend_limit_micros) == ("pro-x", "suspended", 5_000_000)
