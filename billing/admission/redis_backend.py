@@ -134,9 +134,10 @@ class RedisAdmission(AdmissionBackend):
 
         On a connection of its own, kept between calls (the worker's finisher settles one step at a time;
         a call that finds it taken uses one of the pool's). NOSCRIPT (Redis restarted since the script was
-        loaded): the script did not run; it is loaded and run then. A lost connection: whether the script
-        ran is unknown, and settling again is safe (each reservation is consumed once), so the error goes
-        up like any Redis error (AdmissionUnavailable)."""
+        loaded): the script did not run; it is loaded and run then. A connection Redis closed (it restarted
+        since the last step): the call goes once more through the pool, which reconnects; whether the first
+        ran is unknown, and settling again is safe (each reservation is consumed once). Redis still away:
+        AdmissionUnavailable, and the caller settles later."""
         if len(items) > SETTLE_CHUNK:
             return super().settle_many_start(items)
         arg = _settle_arg(items)
@@ -146,6 +147,10 @@ class RedisAdmission(AdmissionBackend):
             if conn is None:
                 conn = self.redis.connection_pool.get_connection()
             conn.send_command("EVALSHA", self._scripts["SETTLE"].sha, 0, self.prefix, arg)
+        except redis.ConnectionError:  # its connection went stale (Redis restarted): once more, through the pool
+            self._settle_conn_drop(conn)
+            after = self._settle(items)[1]  # (AdmissionUnavailable if Redis is still away)
+            return lambda: after
         except redis.RedisError as exc:
             self._settle_conn_drop(conn)
             raise AdmissionUnavailable(str(exc)) from exc
@@ -158,6 +163,11 @@ class RedisAdmission(AdmissionBackend):
                 reply = conn.read_response()
             except redis.exceptions.NoScriptError:
                 self._settle_conn_keep(conn)
+                return _settled(self._call("SETTLE", arg))[1]
+            except redis.ConnectionError:
+                # Closed under it (Redis restarted since the last step): whether the script ran is unknown, and
+                # running it again settles only what it did not (each reservation is consumed once).
+                self._settle_conn_drop(conn)
                 return _settled(self._call("SETTLE", arg))[1]
             except redis.RedisError as exc:
                 self._settle_conn_drop(conn)

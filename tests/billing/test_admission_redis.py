@@ -105,3 +105,31 @@ def test_an_overlapped_settlement_survives_a_redis_that_forgot_its_scripts(redis
         assert redis_backend.held() == (0, 0)
     spend = [int(redis_backend.redis.get(k)) for k in redis_backend.redis.scan_iter(match=redis_backend.prefix + ":q:*:spend")]
     assert spend == [2 * 15_000]  # 15 tokens at $1/M each, in nano-dollars: each settled once
+
+
+def test_an_overlapped_settlement_survives_its_connection_closed_by_the_server(redis_backend, tenant_factory,
+                                                                             tier_factory, price_factory):
+    """The worker's settlement keeps its own connection between steps; Redis restarting closes it. The next
+    settlement goes once more through the pool (which reconnects) instead of failing: its concurrency slot is free
+    at once, not after the spool's retry (a client with one slot would get a 429 meanwhile)."""
+    from billing.services.admission import admission_settle_start
+    from tenants.services.api_keys import AuthContext
+
+    price_factory(model=MODEL, input="1", cached="1", output="1", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    tier = tier_factory(requests_per_minute=100, tokens_per_minute=0, max_concurrent_requests=1, monthly_token_quota=0)
+    tenant = tenant_factory(tier=tier)
+    auth = AuthContext(tenant=tenant, tier=tier, api_key=None)
+
+    def settle_one() -> bool:
+        admitted = reserve(auth, prompt_tokens=10, max_tokens=10)
+        return admission_settle_start([{"request_id": admitted.request_id, "tenant_id": tenant.pk, "model": MODEL,
+                                        "tier": tier.name, "prompt_tokens": 10, "cached_tokens": 0,
+                                        "completion_tokens": 5, "finish_reason": "stop"}])()
+
+    assert settle_one() is True  # opens and keeps the settlement's connection
+    conn = redis_backend._settle_conn
+    conn.send_command("CLIENT", "ID")
+    redis_backend.redis.client_kill_filter(_id=conn.read_response())  # as a restart would: closed by the server
+    assert settle_one() is True
+    assert redis_backend.held() == (0, 0)
+    assert settle_one() is True  # and the one after, on the new connection
