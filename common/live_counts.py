@@ -3,7 +3,8 @@
 Events are counted in one-minute buckets kept for an hour: in Redis when
 REDIS_URL is set (every web process adds to the same hash, one round trip
 per event), else in this process (the embedded mode is one process).
-Counting never fails a request: a Redis error drops the event and is logged.
+Counting never fails a request: a Redis error drops the event, and an outage is logged once
+(common.outage), not once per dropped event.
 The durable record of what happened stays the usage ledger; these are the
 live figures Prometheus (`/metrics`) also exports, kept where a page can read them.
 """
@@ -17,6 +18,8 @@ from collections import defaultdict
 
 from django.conf import settings
 
+from common.outage import Outage
+
 logger = logging.getLogger(__name__)
 
 BUCKET_S = 60
@@ -27,6 +30,7 @@ REFUSALS = "refusals"  # label: the admission limit that refused (requests, toke
 _lock = threading.Lock()
 _memory: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
 _client = None
+_outage = Outage(logger, "live counts (Redis)")
 
 
 def _redis():
@@ -57,7 +61,9 @@ def count_event(kind: str, label: str, *, now: float | None = None) -> None:
         pipe.expire(_key(kind, bucket), KEEP_S + BUCKET_S)
         pipe.execute()
     except Exception as exc:  # noqa: BLE001 - a live figure is never worth a failed request
-        logger.warning("live count %s/%s dropped: %s", kind, label, exc)
+        _outage.failed(f"counts dropped from {kind}/{label} on: {exc}")  # said once per outage, not per event
+    else:
+        _outage.ok()
 
 
 def event_counts(kind: str, *, window_s: int = KEEP_S, now: float | None = None) -> dict[str, int]:

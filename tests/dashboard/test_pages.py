@@ -195,3 +195,13 @@ def test_the_overview_island_writes_budgets_as_plain_decimals(tenant, member_fac
     data = island(login(member_factory(tenant, "viewer")).get(reverse("dashboard:overview", args=[tenant.slug])),
                   "overview-data")
     assert data["budget_used_usd"] == "0" and data["budget_limit_usd"] == "0.000001"
+
+
+def test_key_times_show_in_the_tenants_zone(tenant_factory, member_factory, api_key_factory):
+    from datetime import datetime
+
+    tokyo = tenant_factory(slug="tenant-tz", timezone="Asia/Tokyo")
+    key = api_key_factory(tenant=tokyo).api_key
+    ApiKey.objects.filter(pk=key.pk).update(created_at=datetime(2026, 3, 1, 20, 30, tzinfo=UTC))
+    page = login(member_factory(tokyo, "viewer")).get(reverse("dashboard:keys", args=[tokyo.slug])).content.decode()
+    assert "2026-03-02 05:30 JST" in page  # 20:30 UTC is 05:30 the next day in Tokyo
