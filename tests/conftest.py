@@ -136,6 +136,31 @@ def _api_key_cache_empty():
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sqlite_readers_take_no_table_locks(request):
+    """The in-memory SQLite test database is one shared cache for every thread's connection, where a reader's
+    table lock makes a writer fail at once ("database table is locked": no busy wait, unlike a file database
+    with its 30 s timeout): a test reading the ledger while the worker's finisher inserts would push the record
+    to the spool's later retry. Readers in read-uncommitted mode take no table locks (SQLite's shared-cache
+    documentation); each insert here is one autocommitted statement, so nothing half-done is ever read."""
+    if not request.config.pluginmanager.hasplugin("django"):
+        yield
+        return
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    def read_uncommitted(connection, **_):
+        if connection.vendor == "sqlite" and connection.is_in_memory_db():
+            connection.connection.execute("PRAGMA read_uncommitted = 1")
+
+    connection_created.connect(read_uncommitted, dispatch_uid="tests:sqlite_read_uncommitted")
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None:
+            read_uncommitted(connection)
+    yield
+    connection_created.disconnect(dispatch_uid="tests:sqlite_read_uncommitted")
+
+
 @pytest.fixture(autouse=True)
 def _worker_spool_closed():
     """A test that wrote usage records through the worker's spool (inference.worker.spool) leaves no spool

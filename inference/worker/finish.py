@@ -78,31 +78,18 @@ def usage_records_safe(records: list[dict[str, Any]]) -> bool:
     return written
 
 
-LOCKED_RETRIES = 12  # a table or database lock (SQLite): about 0.5 s of short waits before the spool takes over
-
-
 def usage_records_write(records: list[dict[str, Any]]) -> None:
     """usage_records_insert (one statement for all `records`); spool.ConnectionLost when the database is away
-    (the connection is closed, so the next attempt opens a fresh one). A lock (SQLite's "database is locked"
-    when its busy wait ran out, or "database table is locked" in a shared-cache database, which has none) is
-    waited out briefly first: the insert is idempotent, and a lock is not an outage."""
+    (the connection is closed, so the next attempt opens a fresh one)."""
     from .spool import ConnectionLost
 
     from inference.metrics.requests import billed_observe
 
-    for attempt in range(LOCKED_RETRIES + 1):
-        try:
-            usage_records_insert(records)
-            break
-        except OperationalError as exc:
-            if "locked" in str(exc) and attempt < LOCKED_RETRIES:
-                time.sleep(min(0.1, 0.005 * 2**attempt))
-                continue
-            _reconnect()
-            raise ConnectionLost(str(exc).strip() or repr(exc)) from exc
-        except InterfaceError as exc:
-            _reconnect()
-            raise ConnectionLost(str(exc).strip() or repr(exc)) from exc
+    try:
+        usage_records_insert(records)
+    except (OperationalError, InterfaceError) as exc:
+        _reconnect()
+        raise ConnectionLost(str(exc).strip() or repr(exc)) from exc
     billed_observe(records)
 
 

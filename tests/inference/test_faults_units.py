@@ -7,8 +7,6 @@ import asyncio
 import logging
 import time
 
-import pytest
-
 
 from common.outage import Outage
 from inference.api.events import EventsLost, JobRun
@@ -277,40 +275,3 @@ def test_a_spooled_record_leaves_its_in_memory_costing_behind(tmp_path):
     assert written and all(r == {"request_id": "r-costed", "completion_tokens": 3, "created_at": 1764120000.25}
                            for r in written)
     spool.close()
-
-
-def test_a_locked_table_is_waited_out_and_not_taken_for_an_outage(monkeypatch):
-    """SQLite's "database table is locked" (a shared-cache database has no busy wait) or "database is locked":
-    the worker's insert is tried again for about half a second before the spool takes over; an outage is not."""
-    from django.db import OperationalError
-
-    from inference.worker import finish
-
-    calls = []
-
-    def insert(records, failures):
-        calls.append(len(records))
-        if len(calls) <= failures:
-            raise OperationalError("database table is locked: tenants_usagerecord")
-
-    monkeypatch.setattr("inference.metrics.requests.billed_observe", lambda records: None)
-    monkeypatch.setattr(finish, "usage_records_insert", lambda records: insert(records, 3))
-    finish.usage_records_write([{"request_id": "r1"}])  # no ConnectionLost: written on the 4th try
-    assert calls == [1, 1, 1, 1]
-    calls.clear()
-    monkeypatch.setattr(finish, "usage_records_insert", lambda records: insert(records, 10**6))
-    monkeypatch.setattr(finish, "_reconnect", lambda: None)
-    started = time.monotonic()
-    with pytest.raises(ConnectionLost):
-        finish.usage_records_write([{"request_id": "r1"}])
-    assert len(calls) == finish.LOCKED_RETRIES + 1 and time.monotonic() - started < 2
-    calls.clear()
-
-    def away(records):
-        calls.append(1)
-        raise OperationalError("connection refused")
-
-    monkeypatch.setattr(finish, "usage_records_insert", away)
-    with pytest.raises(ConnectionLost):
-        finish.usage_records_write([{"request_id": "r1"}])
-    assert calls == [1]  # an outage: at once to the spool
