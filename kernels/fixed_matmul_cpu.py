@@ -5,7 +5,8 @@
 GEMM, each output element is reduced in one fixed order whatever the number of rows in the call, their
 place in it and the thread count, so a row's result is bit-for-bit the same alone or beside any other
 rows: the engine's batch-invariant mode (``inference.engine.invariant_mode``) multiplies every weight
-with it. ``fixed_matmul_ref`` is the same product in plain PyTorch (equal up to summation order).
+with it. ``kernels.fixed_matmul.fixed_matmul_ref`` is the same product in plain PyTorch (equal up to
+summation order).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def available() -> bool:
 
 
 def isa() -> str:
-    """The instruction set the loops were built for (part of the engine's fingerprint)."""
+    """The instruction set the loops were built for (the build's library name, in the engine's fingerprint,
+    already follows it)."""
     lib = library()
     return "none" if lib is None else {2: "avx512", 1: "avx2"}.get(lib.fixed_matmul_isa(), "portable")
 
@@ -46,11 +48,6 @@ def isa() -> str:
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x must be [rows, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
-
-
-def fixed_matmul_ref(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    _check(x, weight)
-    return (x.float() @ weight.float().t()).to(out_dtype or x.dtype)
 
 
 def fixed_matmul_cpu(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -48,6 +48,30 @@ def test_fixed_matmul_cpu_is_row_invariant_and_right(dtype, n, k):
         torch.set_num_threads(threads)
 
 
+@native
+@pytest.mark.parametrize("expected,extra", [("avx2", "-mno-avx512f"), ("portable", "-mno-avx512f -mno-avx2 -mno-fma")],
+                         ids=["avx2", "portable"])
+def test_narrower_builds_are_row_invariant_too(fresh_loader, kernel_config, expected, extra):
+    """The AVX2 and portable loops, built here by turning the wider instruction sets off (a host runs only the
+    widest its CPU has: without this, an AVX-512 host never exercises the others)."""
+    from kernels import cpu_native
+    from kernels.fixed_matmul_cpu import isa
+
+    flags = set(cpu_native._cpu_flags().split())
+    if expected == "avx2" and not {"avx2", "fma"} <= flags:
+        pytest.skip("no AVX2 + FMA on this CPU: the default build already runs the portable loops")
+    if expected == "portable" and not {"avx2", "avx512f"} & flags:
+        pytest.skip("the default build already runs the portable loops")
+    kernel_config(cc=f"{cpu_native.find_compiler()} {extra}")
+    assert isa() == expected
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = torch.Generator().manual_seed(7)
+        x = torch.randn(19, 100, generator=gen).to(dtype)
+        w = (torch.randn(70, 100, generator=gen) / 10).to(dtype)
+        full = assert_rows_invariant(fixed_matmul_cpu, x, w, (1, 8, 9, 17))
+        torch.testing.assert_close(full.float(), fixed_matmul_ref(x, w).float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
 def test_fixed_matmul_rows_reference_is_row_invariant():
     gen = torch.Generator().manual_seed(3)
     x, w = torch.randn(12, 64, generator=gen), torch.randn(40, 64, generator=gen)
