@@ -35,7 +35,7 @@ bootstrap: migrate
 
 run: bootstrap
 	@echo "Serving on http://$(HOST):$(PORT)  (admin: http://$(HOST):$(PORT)/admin/)"
-	ENV_FILE=$(ENV_FILE) $(PY) -m uvicorn platform_site.asgi:application --host $(HOST) --port $(PORT) --lifespan off
+	ENV_FILE=$(ENV_FILE) $(PY) -m uvicorn platform_site.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-max-size 2700000
 
 worker: install
 	$(PY) manage.py run_worker --model smollm2-135m-instruct --device $${DEVICE-cpu}

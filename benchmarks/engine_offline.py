@@ -53,7 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--prefill-requests", type=int, default=8)
     p.add_argument("--single-prompt-len", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
-    p.add_argument("--kv-cache-mb", type=int, default=1024)
+    p.add_argument("--kv-cache-mb", type=int, default=None,
+                   help="KV cache size (default: the engine's, sized from free memory: inference.engine.kv_sizing)")
     p.add_argument("--peers", default="all", help="all, none, or a comma list of: hf, llamacpp")
     p.add_argument("--hf-batches", default="1,16")
     p.add_argument("--llama-batch", type=int, default=64, help="sequences in llama.cpp's batched decode (0: skip)")
@@ -132,7 +133,7 @@ def bench_engine(args, log) -> dict:
                                  max_num_seqs=max(args.concurrency, 1),
                                  max_num_batched_tokens=args.max_num_batched_tokens,
                                  batch_invariant=args.batch_invariant))
-    log(f"engine loaded in {time.perf_counter() - t:.1f}s ({engine.block_manager.num_blocks} KV blocks)")
+    log(f"engine loaded in {time.perf_counter() - t:.1f}s (KV cache {engine.kv_plan.describe()})")
     rng = random.Random(args.seed)
     vocab, banned = engine.vocab_size, set(engine.tokenizer.all_special_ids)
     sp = lambda n: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)  # noqa: E731
@@ -152,8 +153,10 @@ def bench_engine(args, log) -> dict:
     log(f"single stream: {single_tok_s:.1f} tok/s decode, TTFT {single['ttft'][0] * 1e3:.0f} ms")
 
     before = dict(engine.timers)
+    preempted = engine.scheduler.num_preemptions
     prompts = random_prompts(rng, args.requests, args.prompt_min, args.prompt_max, vocab, banned)
     main = run_requests(engine, prompts, sp(args.output_len), args.concurrency)
+    preempted = engine.scheduler.num_preemptions - preempted
     timers = {k: engine.timers[k] - before[k] for k in before}
     step_total = sum(timers.values())
     overhead = (step_total - timers["model_s"]) / step_total  # scheduling, inputs, sampling, detokenizing
@@ -170,12 +173,14 @@ def bench_engine(args, log) -> dict:
         "itl_p99_ms": pct(main["itl"], 0.99) * 1e3,
         "overhead_frac": overhead,
         "step_time_split_s": {k: round(v, 3) for k, v in timers.items()},
+        "preemptions": preempted, "kv_cache_mib": engine.kv_plan.bytes // 2**20,
+        "kv_cache_tokens": engine.kv_plan.tokens,
         "requests": args.requests, "concurrency": args.concurrency,
         "prompt_tokens": sum(map(len, prompts)), "output_tokens": main["output_tokens"], "wall_s": main["wall_s"],
     }
     log(f"main: {result['output_tok_s']:.0f} output tok/s overall, {result['decode_tok_s'] or 0:.0f} tok/s in "
         f"decode-only steps; TTFT p50 {result['ttft_p50_ms']:.0f} ms; ITL p50 {result['itl_p50_ms']:.1f} ms; "
-        f"overhead {overhead:.1%}")
+        f"overhead {overhead:.1%}; {preempted} preemptions")
     del engine
     gc.collect()
     return result

@@ -248,6 +248,7 @@ def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
 
     engine = Engine(EngineConfig(model=MODEL, device="cpu", dtype=args.dtype, kv_cache_mb=args.kv_cache_mb,
                                  max_num_seqs=args.max_num_seqs, num_threads=args.threads))
+    args.engine_kv_cache = engine.kv_plan.describe()
     tokenizer = engine.tokenizer
     warm = SamplingParams(max_tokens=4, temperature=0.8)
     engine.generate([tokenizer.encode_chat(m) for m in prompts[: args.warmup]], warm)
@@ -279,7 +280,9 @@ def engine_phase(args, prompts) -> tuple[list[RequestStats], float]:
             if output.finished:
                 stats.tokens = output.usage.completion_tokens
 
-    return results, closed_loop(engine, len(todo), args, add, on_outputs)
+    wall = closed_loop(engine, len(todo), args, add, on_outputs)
+    args.engine_preemptions = engine.scheduler.num_preemptions
+    return results, wall
 
 
 def closed_loop(engine, total: int, args, add, on_outputs, step=None) -> float:
@@ -341,6 +344,22 @@ def gateway(api: list[RequestStats], api_sum: dict, engine_sum: dict | None) -> 
     return out
 
 
+def server_preemptions(args) -> float | None:
+    """llmp:num_preemptions_total on the server's /metrics (--metrics-url: the web process, which holds the
+    engine's figures in the embedded mode, or a worker's --metrics-port); None when it cannot be read."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    headers = {"Authorization": f"Bearer {args.metrics_token}"} if args.metrics_token else {}
+    try:
+        response = httpx.get((args.metrics_url or args.url).rstrip("/") + "/metrics", headers=headers, timeout=10)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return sum(sample.value for family in text_string_to_metric_families(response.text)
+               for sample in family.samples if sample.name == "llmp:num_preemptions_total")
+
+
 def machine() -> dict:
     import torch
 
@@ -363,7 +382,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-engine", action="store_true", help="skip phase 2 (the engine alone)")
     parser.add_argument("--dtype", default="bfloat16", help="phase 2: match the server's ENGINE_DTYPE")
-    parser.add_argument("--kv-cache-mb", type=int, default=512, help="phase 2: match ENGINE_KV_CACHE_MB")
+    parser.add_argument("--kv-cache-mb", type=int, default=None,
+                        help="phase 2: match ENGINE_KV_CACHE_MB (default: sized from free memory, as the server's)")
+    parser.add_argument("--metrics-url", default=None,
+                        help="where the engine's preemptions are read (/metrics; default --url, the embedded mode)")
+    parser.add_argument("--metrics-token", default=os.environ.get("METRICS_TOKEN"),
+                        help="/metrics bearer token (default $METRICS_TOKEN)")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="phase 2: match ENGINE_MAX_NUM_SEQS")
     parser.add_argument("--floor-requests", type=int, default=64,
                         help="requests against the in-process null server (the client's floor); 0 skips it")
@@ -387,8 +411,12 @@ def main() -> None:
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
+    preempted = server_preemptions(args)
     api_results, api_wall = asyncio.run(api_phase(args, prompts))
     api_sum = summary(api_results, api_wall)
+    time.sleep(2.5)  # the engine's counters reach /metrics with the worker's next heartbeat (about a second)
+    after = server_preemptions(args)
+    api_sum["preemptions"] = None if preempted is None or after is None else int(after - preempted)
     floor = asyncio.run(floor_phase(args, prompts)) if args.floor_requests > 0 else None
     loaded = None
     if args.loaded_floor:
@@ -397,6 +425,7 @@ def main() -> None:
     if not args.no_engine:
         engine_results, engine_wall = engine_phase(args, prompts)
         engine_sum = summary(engine_results, engine_wall)
+        engine_sum.update(preemptions=args.engine_preemptions, kv_cache=args.engine_kv_cache)
     report = {
         "config": {k: getattr(args, k) for k in ("url", "concurrency", "requests", "prompt_words", "max_tokens",
                                                  "jitter", "ramp_s", "dtype", "threads", "http_client", "loop")},

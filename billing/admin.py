@@ -1,19 +1,23 @@
-"""Operator admin for billing: prices (add-only, history), adjustments (add-only), the usage ledger and
-invoices (read-only)."""
+"""Operator admin for billing: prices (add-only, history, retired not deleted), adjustments (add-only), the
+usage ledger and invoices (read-only)."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import CharField
+from django.db.models.functions import Cast
 from django.urls import reverse
 from django.utils.html import format_html
 
 from billing.models import Adjustment, Invoice, InvoiceLine, Price, UsageRecord
-from billing.money import usd_str
+from billing.models.prices import PRICE_FIELDS
+from billing.money import price_check, usd_str
 from billing.services.adjustments import adjustment_create
-from billing.services.prices import price_create, price_start_check
+from billing.services.price_cache import price_rows
+from billing.services.prices import price_create, price_retire, price_start_check
 
 
 class AddOnlyAdmin(admin.ModelAdmin):
@@ -52,14 +56,79 @@ class AdjustmentForm(forms.ModelForm):
         fields = ("tenant", "kind", "amount_usd", "reason", "effective_at")
 
 
+def _price_text(name: str, label: str):
+    @admin.display(description=label)
+    def show(self, obj):
+        return getattr(obj, f"{name}_text", None)
+    return show
+
+
 @admin.register(Price)
 class PriceAdmin(AddOnlyAdmin):
+    """Versions are added, never edited or deleted; one set by mistake is retired (the action), which keeps
+    it and the records it priced. The amounts are shown as stored text, so a row written by hand that the
+    price loader skips (billing.services.price_cache) is listed, marked, and can be retired."""
+
     form = PriceForm
-    list_display = ("model", "effective_from", "input_per_million", "cached_input_per_million",
-                    "output_per_million", "created_by", "created_at", "note")
+    list_display = ("model", "effective_from", "input_text", "cached_input_text", "output_text", "state",
+                    "created_by", "created_at", "note")
     list_filter = ("model",)
     readonly_fields = ()
     ordering = ("model", "-effective_from")
+    actions = ["retire"]
+    input_text = _price_text("input_per_million", "Input per 1M (USD)")
+    cached_input_text = _price_text("cached_input_per_million", "Cached input per 1M (USD)")
+    output_text = _price_text("output_per_million", "Output per 1M (USD)")
+
+    def get_queryset(self, request):
+        # never converts the amounts (a hand-written 99999999999999 would raise in SQLite's converter): their text
+        return (super().get_queryset(request).defer(*PRICE_FIELDS)
+                .annotate(**{f"{name}_text": Cast(name, CharField()) for name in PRICE_FIELDS}))
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return super().get_fields(request, obj)
+        return ["model", "input_text", "cached_input_text", "output_text", "effective_from", "state", "created_by",
+                "created_at", "note", "retired_at", "retired_by"]
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return self.readonly_fields
+        return self.get_fields(request, obj)
+
+    @admin.display(description="State")
+    def state(self, obj):
+        if obj.retired_at is not None:
+            return f"retired {obj.retired_at:%Y-%m-%d %H:%M} UTC"
+        for name in PRICE_FIELDS:
+            try:
+                price_check(getattr(obj, f"{name}_text", None))
+            except ValueError as exc:
+                return format_html('<strong style="color:#ba2121">INVALID ({}): not loaded</strong>', exc)
+        return "in use"
+
+    def changelist_view(self, request, extra_context=None):
+        for pk, model, _start, terms, reason in price_rows():
+            if terms is None:
+                messages.error(request, f"Price #{pk} of {model} cannot be used ({reason}). It is skipped, and "
+                                        f"{model} is not served while it is the version in force: retire it "
+                                        "(select it, then the action) and add a valid version.")
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Retire the selected price versions (kept, price nothing from now on)",
+                  permissions=["change"])
+    def retire(self, request, queryset):
+        retired = [price for price in queryset if price_retire(price=price, retired_by=request.user)]
+        for price in retired:
+            self.log_change(request, price, "Retired")
+        models_left = {price.model for price in retired} - set(
+            Price.objects.filter(model__in={p.model for p in retired}, retired_at__isnull=True)
+            .values_list("model", flat=True))
+        self.message_user(request, f"Retired {len(retired)} price version(s); every process uses the versions "
+                                   "before them within the price cache's TTL.")
+        for model in sorted(models_left):
+            self.message_user(request, f"No price version of {model} is left: its requests are not charged "
+                                       "until one is added.", level=messages.WARNING)
 
     def save_model(self, request, obj, form, change):
         created = price_create(
@@ -146,7 +215,7 @@ class InvoiceAdmin(admin.ModelAdmin):
     @admin.display(description="Print / CSV")
     def printable(self, obj):
         return format_html('<a href="{}">HTML</a> · <a href="{}">CSV</a>',
-                           reverse("invoice-html", args=[obj.pk]), reverse("invoice-csv", args=[obj.pk]))
+                           reverse("invoice-html", args=[obj.public_id]), reverse("invoice-csv", args=[obj.public_id]))
 
     def get_readonly_fields(self, request, obj=None):
         return [field.name for field in self.model._meta.fields]

@@ -2,12 +2,13 @@
 
 GET /v1/organization/usage/completions, GET /v1/organization/costs (the
 shapes of OpenAI's organization usage API: UTC buckets, pages of buckets),
-GET /v1/invoices, GET /v1/invoices/{id}.
+GET /v1/invoices, GET /v1/invoices/{id} (an invoice's public id, `inv_...`).
 """
 
 from __future__ import annotations
 
 import base64
+import re
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
@@ -18,6 +19,7 @@ from rest_framework.views import APIView
 
 from common.errors import InvalidRequest, NotFound
 from billing.models import Invoice
+from billing.models.invoices import PUBLIC_ID_PATTERN
 from billing.money import usd_str
 from billing.openapi import csv_list, window_parameters
 from billing.selectors import invoices_of
@@ -222,11 +224,11 @@ class CostsApi(APIView):
 
 def invoice_payload(invoice: Invoice, *, lines: bool) -> dict:
     body = {
-        "id": invoice.pk, "object": "invoice" if invoice.kind == Invoice.Kind.INVOICE else "credit_note",
+        "id": invoice.public_id, "object": "invoice" if invoice.kind == Invoice.Kind.INVOICE else "credit_note",
         "number": invoice.number, "status": invoice.status, "period": invoice.period,
         "timezone": invoice.timezone, "period_start": int(invoice.period_start.timestamp()),
         "period_end": int(invoice.period_end.timestamp()), "currency": invoice.currency,
-        "total": str(invoice.total), "corrects": invoice.corrects_id,
+        "total": str(invoice.total), "corrects": invoice.corrects.public_id if invoice.corrects_id else None,
         "finalized_at": int(invoice.finalized_at.timestamp()) if invoice.finalized_at else None,
     }
     if lines:
@@ -240,13 +242,16 @@ def invoice_payload(invoice: Invoice, *, lines: bool) -> dict:
     return body
 
 
+_INVOICE_ID = re.compile(PUBLIC_ID_PATTERN, re.ASCII)
+
+
 class InvoiceListApi(APIView):
     permission_classes = [HasScope]
     required_scope = ApiKey.SCOPE_USAGE
 
     @_schema("InvoiceList", summary="The tenant's invoices and credit notes", operation_id="invoices_list")
     def get(self, request):
-        invoices = invoices_of(tenant=request.auth.tenant)
+        invoices = invoices_of(tenant=request.auth.tenant).select_related("corrects")
         return Response({"object": "list", "data": [invoice_payload(i, lines=False) for i in invoices]})
 
 
@@ -256,7 +261,10 @@ class InvoiceDetailApi(APIView):
 
     @_schema("InvoiceWithLines", summary="One invoice with its lines")
     def get(self, request, invoice_id: str):
-        invoice = invoices_of(tenant=request.auth.tenant).filter(pk=int(invoice_id) if invoice_id.isdigit() else 0).first()
+        invoice = None
+        if _INVOICE_ID.fullmatch(invoice_id):  # a public id, never a row id (nor "²", which isdigit() accepts)
+            invoice = invoices_of(tenant=request.auth.tenant).select_related("corrects").filter(
+                public_id=invoice_id).first()
         if invoice is None:
             raise NotFound(f"No invoice with id {invoice_id!r}.", param="id", code="invoice_not_found")
         return Response(invoice_payload(invoice, lines=True))

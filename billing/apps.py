@@ -6,6 +6,8 @@ class BillingConfig(AppConfig):
     name = "billing"
 
     def ready(self) -> None:
+        from billing.models import femtos
         from billing.services.price_cache import connect_signals
 
         connect_signals()
+        femtos.connect_signals()  # SQLite's exact femto-dollar sums

@@ -1,4 +1,4 @@
-"""Money units and the one cost rule. Pure Python, no Django.
+"""Money units, their bounds and the one cost rule. Pure Python, no Django.
 
 Costs are integers of **femto-dollars** (1 USD = 10**15 femto-dollars). A price
 is USD per million tokens with at most 6 decimal places, i.e. a whole number
@@ -7,9 +7,37 @@ decimal places (thousandths). Their product, tokens x pico-dollars x
 thousandths, is therefore an exact integer of femto-dollars: no request's cost
 is ever rounded. Rounding happens once, on an invoice line (`cents_round`).
 
-A 64-bit column holds 9.2e18 femto-dollars, 9,223 USD: far above one request,
-and above one rollup row (a tenant, key, model and tier in one hour) for this
-platform's models; invoice amounts are summed in Python's unbounded ints.
+Where each amount lives, and its ceiling:
+
+- Stored amounts (a usage record's costs, the hourly and daily rollups, an
+  adjustment) are femto-dollar columns of up to 38 digits
+  (billing.models.femtos.FemtosField: NUMERIC(38, 0) on PostgreSQL, exact
+  decimal text on SQLite): 10**23 USD per row on PostgreSQL, 9.2e12 USD per
+  row and per SQL sum on SQLite. Every SQL sum of them is exact
+  (`FemtoSum`: numeric on PostgreSQL; on SQLite, whose SUM is 64-bit and
+  raises "integer overflow" past 9,223 USD of femto-dollars, two 64-bit
+  parts). Python's ints, which the figures are added in after the query, are
+  unbounded.
+- Prices: at most MAX_PRICE_PER_MILLION (10,000 USD per 1M tokens of any
+  kind; `price_check`, applied wherever a price is set and when prices are
+  loaded). The dearest list prices today are about 600 USD per 1M output
+  tokens, so this leaves a margin of more than 15x while refusing a typo of
+  a few extra digits. The column (NUMERIC(12, 6)) holds up to 999,999.999999.
+  One record at the bound, the longest context a model row can declare
+  (2**31 - 1 tokens) and the largest tier multiplier (999.999) costs
+  2.1e25 femto-dollars (2.1e10 USD): inside both ceilings.
+- Invoices: integer cents (64-bit: 9.2e16 USD) and each line's exact sum as
+  decimal text.
+- Admission's budget counters (Redis, or the in-process backend's Python
+  ints) count **nano-dollars** (each record's cost rounded up, billing.
+  services.admission_ledger); budgets are set in micro-dollars (64-bit:
+  9.2e12 USD). A Redis counter is a 64-bit integer (INCRBY: 9.2e18
+  nano-dollars, 9.2e9 USD per tenant or key and month), changed by amounts
+  its Lua scripts handle as doubles (billing.admission.redis_scripts): each
+  amount (a request's reservation, a settlement's correction) is exact below
+  2**53 nano-dollars (9.0e6 USD), and a counter past that is compared with its
+  limit to within a few nano-dollars. A budget check is all they serve; the
+  ledger and the invoices stay exact whatever the counters hold.
 """
 
 from __future__ import annotations
@@ -22,12 +50,30 @@ PICOS_PER_USD = 10**12
 CENT = Decimal("0.01")
 PRICE_PLACES = 6  # USD per million tokens
 MULTIPLIER_PLACES = 3
+MAX_PRICE_PER_MILLION = Decimal(10_000)  # USD per 1M tokens: see the module docstring
+
+
+def price_check(value) -> Decimal:
+    """A price as set by an operator (USD per 1M tokens): a finite Decimal between 0 and
+    MAX_PRICE_PER_MILLION with at most PRICE_PLACES decimal places; ValueError (its message for the
+    operator) otherwise. The one rule for the CLI, the admin, the model's clean() and the price loader."""
+    try:
+        price = Decimal(str(value).strip())
+    except (ArithmeticError, ValueError):
+        raise ValueError(f"a price is a number of USD per 1M tokens, not {value!r}") from None
+    if not price.is_finite():
+        raise ValueError(f"a price is a finite number, not {value!r}")
+    if price < 0 or price > MAX_PRICE_PER_MILLION:
+        raise ValueError(f"a price is between 0 and {MAX_PRICE_PER_MILLION} USD per 1M tokens, not {value}")
+    if price != price.quantize(Decimal(1).scaleb(-PRICE_PLACES)):
+        raise ValueError(f"a price has at most {PRICE_PLACES} decimal places, not {value}")
+    return price
 
 
 def per_million_to_picos(price: Decimal) -> int:
     """USD per million tokens (<= 6 places) -> pico-dollars per token; refuses more precision."""
     picos = Decimal(price) * 10**PRICE_PLACES
-    if picos != picos.to_integral_value():
+    if not picos.is_finite() or picos != picos.to_integral_value():
         raise ValueError(f"a price has at most {PRICE_PLACES} decimal places, not {price}")
     return int(picos)
 

@@ -25,10 +25,10 @@ def _page(result: str) -> dict:
 
 _COUNT = {"type": "integer", "minimum": 0}
 _INVOICE_PROPERTIES = {
-    "id": {"type": "integer"}, "object": {"enum": ["invoice", "credit_note"]}, "number": {"type": "string"},
+    "id": {"type": "string", "pattern": "^inv_[A-Za-z0-9]{20}$", "description": "The invoice's public id"}, "object": {"enum": ["invoice", "credit_note"]}, "number": {"type": "string"},
     "status": {"type": "string"}, "period": {"type": "string"}, "timezone": {"type": "string"},
     "period_start": {"type": "integer"}, "period_end": {"type": "integer"}, "currency": {"type": "string"},
-    "total": {"type": "string", "description": "Decimal amount"}, "corrects": {"type": ["integer", "null"]},
+    "total": {"type": "string", "description": "Decimal amount"}, "corrects": {"type": ["string", "null"], "description": "The public id of the invoice a credit note corrects"},
     "finalized_at": {"type": ["integer", "null"]},
 }
 

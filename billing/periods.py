@@ -7,6 +7,18 @@ fixed 24-hour days. (Local midnight itself is never skipped or doubled in the
 zones that change at 02:00; where a zone did jump over midnight, zoneinfo's
 fold=0 picks the earlier reading, and the boundary is still one instant
 shared by both months.)
+
+Which month a request belongs to (the one rule): the month, in the tenant's
+zone, of its usage record's `created_at`, i.e. when the request ended. Invoices,
+the usage pages and the rebuilt quota and budget counters all read
+`created_at`. Admission has to reserve before the end is known, so it reserves
+on the month the request is admitted in; a request still running when that
+month ends (admitted at 23:59:59.9, finished after midnight) gives that
+reservation back whole when it settles and is counted in the next month's
+counters instead (billing.admission.base, `Actual.at`), so each month's
+counter equals the month its invoice bills. (A request lives at most
+ADMISSION_HOLD_S, so it crosses one boundary at most.) Its price is still the
+one in force when it was admitted (`admitted_at`).
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
-from django.db.models import Count, F, Sum
+from django.db.models import F
 from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 
 from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
-from billing.services.rollups import ROLLUP
+from billing.services.rollups import ROLLUP, SUMS, figure_sum
 from tenants.models import Tenant
 
 UTC = dt_timezone.utc
@@ -31,12 +31,7 @@ DIMENSIONS = {"model": ("model", "model"), "api_key_id": ("api_key_id", "api_key
               "service_tier": ("tier", "tier")}
 FIGURES = ("requests", "input_tokens", "cached_input_tokens", "output_tokens", "input_cost_femtos",
            "cached_input_cost_femtos", "output_cost_femtos", "cost_femtos")
-_RECORD_SUMS = {
-    "requests": Count("id"), "input_tokens": Sum(F("prompt_tokens") - F("cached_tokens")),
-    "cached_input_tokens": Sum("cached_tokens"), "output_tokens": Sum("completion_tokens"),
-    "input_cost_femtos": Sum("input_cost_femtos"), "cached_input_cost_femtos": Sum("cached_input_cost_femtos"),
-    "output_cost_femtos": Sum("output_cost_femtos"), "cost_femtos": Sum("cost_femtos"),
-}
+_RECORD_SUMS = {name: SUMS[name] for name in FIGURES}  # the rollup's own sums of the records (exact money sums)
 
 
 def bucket_floor(instant: datetime, width: str) -> datetime:
@@ -77,7 +72,7 @@ def _rollup_rows(model, field: str, lower: datetime, upper: datetime, query: Que
     rows = _filtered(model.objects.filter(**{f"{field}__gte": lower, f"{field}__lt": upper}), query, fields)
     bucket = trunc(field, tzinfo=UTC) if trunc else F(field)
     return (rows.annotate(bucket=bucket).order_by().values("bucket", *(fields[g] for g in query.group_by))
-            .annotate(**{name: Sum(name) for name in FIGURES})), fields
+            .annotate(**{name: figure_sum(name) for name in FIGURES})), fields
 
 
 def usage_sums(query: Query) -> dict[datetime, dict[tuple, dict[str, int]]]:

@@ -14,15 +14,15 @@ CSV_COLUMNS = ("position", "kind", "model", "price_id", "price_multiplier", "des
                "unit_price_per_million_usd", "exact_usd", "amount_usd")
 
 
-def _invoice_or_404(request, invoice_id: int):
-    invoice = invoice_for_user(user=request.user, invoice_id=invoice_id)
+def _invoice_or_404(request, invoice_id: str):
+    invoice = invoice_for_user(user=request.user, public_id=invoice_id)
     if invoice is None:
         raise Http404("No such invoice")
     return invoice
 
 
 @login_required
-def invoice_html(request, invoice_id: int):
+def invoice_html(request, invoice_id: str):
     invoice = _invoice_or_404(request, invoice_id)
     return render(request, "billing/invoice.html", {
         "invoice": invoice, "lines": list(invoice.lines.all()), "credit_notes": list(invoice.credit_notes.all()),
@@ -30,7 +30,7 @@ def invoice_html(request, invoice_id: int):
 
 
 @login_required
-def invoice_csv(request, invoice_id: int):
+def invoice_csv(request, invoice_id: str):
     invoice = _invoice_or_404(request, invoice_id)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{invoice.number}.csv"'

@@ -89,6 +89,30 @@ def event_counts(kind: str, *, window_s: int = KEEP_S, now: float | None = None)
     return dict(totals)
 
 
+def event_buckets(kind: str, *, window_s: int = KEEP_S, now: float | None = None) -> dict[int, dict[str, int]]:
+    """minute start (seconds since the epoch) -> label -> events, for the minutes of the last `window_s` seconds
+    that hold any (the operator console's charts; `event_counts` sums the same buckets)."""
+    last = int((now or time.time()) // BUCKET_S)
+    buckets = list(range(last - max(1, window_s // BUCKET_S) + 1, last + 1))
+    out: dict[int, dict[str, int]] = {}
+    if not settings.REDIS_URL:
+        with _lock:
+            for bucket in buckets:
+                if _memory.get((kind, bucket)):
+                    out[bucket * BUCKET_S] = dict(_memory[(kind, bucket)])
+        return out
+    try:
+        pipe = _redis().pipeline(transaction=False)
+        for bucket in buckets:
+            pipe.hgetall(_key(kind, bucket))
+        for bucket, counts in zip(buckets, pipe.execute()):
+            if counts:
+                out[bucket * BUCKET_S] = {label.decode(): int(count) for label, count in counts.items()}
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("live counts %s unreadable: %s", kind, exc)
+    return out
+
+
 def live_counts_clear() -> None:
     """Tests: forget the counts (in this process, or under this prefix in Redis)."""
     with _lock:

@@ -74,8 +74,12 @@ class ApiKeyCreateForm(forms.Form):
 
 
 class BudgetForm(forms.Form):
+    """The owners' own budget; the operator's cap (if any) is not theirs to change, and the lower one applies."""
+
     monthly_budget_usd = forms.DecimalField(required=False, min_value=Decimal("0"), decimal_places=6, max_digits=15,
-                                            label="Monthly budget (USD)", help_text="0 or empty: no budget")
+                                            label="Your monthly budget (USD)",
+                                            help_text="0 or empty: none of your own (the operator's cap, if any, "
+                                                      "still applies)")
 
 
 class BudgetAlertsForm(forms.Form):

@@ -1,5 +1,6 @@
 from django.urls import path
 
+import common.converters  # noqa: F401 - registers <public_id:> and <row_id:>
 from dashboard.views import assets, keys, pages
 
 app_name = "dashboard"
@@ -11,9 +12,9 @@ urlpatterns = [
     path("<slug:slug>/usage/", pages.usage, name="usage"),
     path("<slug:slug>/usage.csv", pages.usage_csv, name="usage-csv"),
     path("<slug:slug>/keys/", keys.keys, name="keys"),
-    path("<slug:slug>/keys/<str:key_id>/revoke/", keys.key_revoke, name="key-revoke"),
+    path("<slug:slug>/keys/<public_id:key_id>/revoke/", keys.key_revoke, name="key-revoke"),
     path("<slug:slug>/settings/", keys.tenant_settings, name="settings"),
     path("<slug:slug>/settings/alerts/", keys.budget_alerts, name="budget-alerts"),
     path("<slug:slug>/invoices/", pages.invoices, name="invoices"),
-    path("<slug:slug>/invoices/<int:invoice_id>/", pages.invoice_detail, name="invoice"),
+    path("<slug:slug>/invoices/<public_id:invoice_id>/", pages.invoice_detail, name="invoice"),
 ]

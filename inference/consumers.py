@@ -16,10 +16,34 @@ Server -> client
   {"type": "error", "id"?: ..., "error": {"message", "type", "param", "code"}}
   {"type": "pong"}
 
-A bad frame (not JSON, unknown type, invalid body, unknown id) gets an error
-frame and the socket stays open. A bad key closes it with code 4401 after the
-error frame, as does sending nothing but junk for AUTH_TIMEOUT_S before
-authenticating. Closing the socket cancels every request still running.
+A bad frame (not JSON, unknown type, invalid body, unknown id, a text frame
+over MAX_FRAME_BYTES: `request_too_large`, refused before it is parsed, as REST
+refuses a body over its limit; JSON nested deeper than REST allows) gets an
+error frame and the socket stays open. A bad key closes it with code 4401 after
+the error frame, as does sending nothing but junk for AUTH_TIMEOUT_S before
+authenticating. Closing the socket cancels every request still running (each
+is billed for what it generated).
+
+Authorization, per frame. A socket authenticates once, but every frame it
+sends afterwards re-checks the key first, through the path REST requests take
+(`aapi_key_verify`: the HMAC, revocation, expiry, the tenant's suspension,
+with the ~2 s row cache), and the `inference` scope; a request frame is then
+prepared and admitted with that fresh context, so the tier's limits and the
+key's ceilings as they are now apply, and it is billed at the tier it has now.
+The socket also watches its key, tenant and tier (tenants.services.key_events):
+a revocation, suspension, scope or tier change (this web process: at once;
+the others: over Redis pub/sub, within a second) and the key's expiry make it
+re-check without waiting for a frame. A key no longer allowed gets an error
+frame with the REST code (401 `invalid_api_key`; 403 `tenant_suspended` or
+`missing_scope`) and the socket is closed, with 4401 after a 401 and 4403
+after a 403. A key that cannot be checked (database unreachable) gets a 503
+error frame (`auth_unavailable`); the frame is not served and the socket stays
+open, except when it was authenticating: then it is closed with 1011.
+
+The server reads a whole frame before this consumer sees it, up to its own
+limit (uvicorn's `--ws-max-size`, 16 MiB by default; bigger frames close the
+socket with 1009): the check here holds whatever that limit is, and setting it
+near MAX_FRAME_BYTES spares the server reading what will be refused.
 """
 
 from __future__ import annotations
@@ -30,13 +54,19 @@ import logging
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from common.errors import ApiError, AuthenticationError, InvalidRequest, RateLimited, count_error, error_body
+from common.errors import (
+    ApiError, AuthenticationError, InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable, count_error,
+    error_body,
+)
 from inference.api.events import job_chunks
-from inference.api.parsing import json_object_parse
+from inference.api.parsing import MAX_BODY_BYTES, json_object_parse
 from inference.api.responses import response_builder, usage_body
 from inference.api.schemas import ENDPOINTS, api_request_parse
-from inference.api.services import ajob_submit, arequest_prepare
-from tenants.services.api_keys import aapi_key_authenticate
+from inference.api.services import (
+    INFERENCE_SCOPE, ajob_submit, arequest_prepare, arequest_refused_count, request_id_new,
+)
+from tenants.services.api_keys import AuthContext, aapi_key_verify, bearer_token
+from tenants.services.key_events import KeyWatch, key_watch_start, key_watch_stop, key_watch_update
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +74,11 @@ AUTH_TIMEOUT_S = 10.0
 CANCEL_GRACE_S = 5.0  # wait this long for the engine's "abort" done event after a cancel
 MAX_IN_FLIGHT = 64
 MAX_CLIENT_ID = 128
-CLOSE_UNAUTHORIZED = 4401
+# a frame carries a REST body in a small envelope (type, id, endpoint): REST's limit plus room for that
+MAX_FRAME_BYTES = MAX_BODY_BYTES + 1024
+CLOSE_UNAUTHORIZED = 4401  # after a 401 error frame (bad, revoked or expired key; no key in time)
+CLOSE_FORBIDDEN = 4403  # after a 403 error frame (tenant suspended, no `inference` scope)
+CLOSE_INTERNAL = 1011  # the key could not be checked when the socket opened
 
 
 class _InFlight:
@@ -57,10 +91,18 @@ class _InFlight:
 
 
 class RealtimeConsumer(AsyncJsonWebsocketConsumer):
+    # frame type -> handler; tests/security checks every type has its isolation cases
+    FRAME_HANDLERS = {"auth": "_on_auth", "request": "_on_request", "cancel": "_on_cancel", "ping": "_on_ping"}
+
     async def connect(self) -> None:
-        self.auth = None
+        self.auth: AuthContext | None = None
         self.in_flight: dict[str, _InFlight] = {}
         self._auth_timer: asyncio.Task | None = None
+        self._key: str | None = None  # the socket's key, re-verified on every frame (kept in memory only)
+        self._watch: KeyWatch | None = None
+        self._recheck: asyncio.Task | None = None
+        self._recheck_again = False
+        self._closing = False
         await self.accept()
         header = _header(self.scope, b"authorization")
         if header is not None:
@@ -69,40 +111,58 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             self._auth_timer = asyncio.ensure_future(self._auth_deadline())
 
     async def disconnect(self, code) -> None:
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
-        tasks = [entry.task for entry in self.in_flight.values() if entry.task is not None]
-        for task in tasks:
-            task.cancel()  # leaving JobRun's context cancels the job in the queue/engine
+        self._closing = True
+        self._watch_stop()
+        for task in (self._auth_timer, self._recheck):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        tasks = self._cancel_all()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _cancel_all(self) -> list[asyncio.Task]:
+        tasks = [entry.task for entry in self.in_flight.values() if entry.task is not None]
+        for task in tasks:
+            task.cancel()  # leaving JobRun's context cancels the job in the queue/engine
+        return tasks
+
     # ------------------------------------------------------------ frames in
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        if self._closing:
+            return  # refused and closing: nothing more is read
         if text_data is None:
             await self._error(InvalidRequest("Binary frames are not supported; send JSON text frames.", code="invalid_frame"))
+            return
+        if _frame_too_large(text_data):  # before any parsing
+            error = InvalidRequest(
+                f"The frame is too large (limit {MAX_FRAME_BYTES} bytes).", code="request_too_large", status=413)
+            await self._refusal_count(error)
+            await self._error(error)
             return
         try:
             frame = json_object_parse(raw=text_data)
         except ApiError as exc:
+            await self._refusal_count(exc)
             await self._error(exc)
             return
         await self.receive_json(frame)
 
     async def receive_json(self, content, **kwargs) -> None:
         kind = content.get("type")
-        if kind == "ping":
-            await self._send({"type": "pong"})
-        elif kind == "auth":
-            await self._on_auth(content)
-        elif kind == "request":
-            await self._on_request(content)
-        elif kind == "cancel":
-            await self._on_cancel(content)
-        else:
+        handler = self.FRAME_HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
             await self._error(InvalidRequest(
                 f"Unknown frame type {str(kind)[:40]!r}; expected auth, request, cancel or ping.", param="type", code="invalid_frame"
             ))
+            return
+        if self.auth is not None:  # every frame of an authenticated socket re-checks its key first
+            client_id = content.get("id") if kind == "request" and _valid_client_id(content.get("id")) else None
+            if not await self._reauthorize(client_id):
+                return
+        await getattr(self, handler)(content)
+
+    async def _on_ping(self, content: dict) -> None:
+        await self._send({"type": "pong"})
 
     async def _on_auth(self, content: dict) -> None:
         if self.auth is not None:
@@ -116,7 +176,7 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
 
     async def _on_request(self, content: dict) -> None:
         client_id = content.get("id")
-        if not isinstance(client_id, str) or not client_id or len(client_id) > MAX_CLIENT_ID or not client_id.isprintable():
+        if not _valid_client_id(client_id):
             await self._error(InvalidRequest(f"A request frame needs a string 'id' of 1 to {MAX_CLIENT_ID} printable characters.", param="id"))
             return
         if self.auth is None:
@@ -137,7 +197,7 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             return
         entry = _InFlight()
         self.in_flight[client_id] = entry
-        entry.task = asyncio.ensure_future(self._run(client_id, entry, endpoint, dict(body, stream=True)))
+        entry.task = asyncio.ensure_future(self._run(client_id, entry, endpoint, dict(body, stream=True), self.auth))
 
     async def _on_cancel(self, content: dict) -> None:
         client_id = content.get("id")
@@ -153,10 +213,16 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             entry.task.cancel()  # not queued yet: nothing to abort
 
     # ------------------------------------------------------------ one request
-    async def _run(self, client_id: str, entry: _InFlight, endpoint: str, body: dict) -> None:
+    async def _run(self, client_id: str, entry: _InFlight, endpoint: str, body: dict, auth: AuthContext) -> None:
+        """One request, with the context its frame was authorized with (the tier and ceilings of now)."""
         try:
-            request = api_request_parse(endpoint=endpoint, body=body)
-            prepared = await arequest_prepare(auth=self.auth, request=request)
+            request_id = request_id_new()
+            try:
+                request = api_request_parse(endpoint=endpoint, body=body)
+                prepared = await arequest_prepare(auth=auth, request=request, request_id=request_id)
+            except ApiError as exc:  # refused for its body: it still counts against the key's requests per minute
+                await arequest_refused_count(auth=auth, request_id=request_id, error=exc)
+                raise
             builder = response_builder(prepared=prepared)
             builder.include_usage = False  # usage comes in the done frame
             run = await ajob_submit(prepared=prepared)
@@ -185,23 +251,98 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             if self.in_flight.get(client_id) is entry:
                 del self.in_flight[client_id]
 
-    # ------------------------------------------------------------ helpers
+    async def _refusal_count(self, error: ApiError) -> None:
+        """A frame refused unparsed (too large, not JSON) on an authenticated socket counts against the key's
+        requests per minute, as a REST body refused so does: a client cannot send them for free."""
+        if self.auth is not None:
+            await arequest_refused_count(auth=self.auth, request_id=request_id_new(), error=error)
+
+    # ------------------------------------------------------------ the key
     async def _authenticate(self, authorization: str) -> None:
         try:
-            self.auth = await aapi_key_authenticate(authorization=authorization)
+            key = bearer_token(authorization=authorization)
+            context = await _verified(key)
         except ApiError as exc:
-            await self._error(exc)
-            await self.close(code=CLOSE_UNAUTHORIZED)
+            await self._refuse(exc)
+            return
+        except Exception:
+            logger.warning("websocket: the key could not be checked", exc_info=True)
+            await self._error(_unavailable())
+            self._closing = True
+            await self._close(CLOSE_INTERNAL)
+            return
+        if self._closing:  # the client left meanwhile: nothing to watch
             return
         if self._auth_timer is not None:
             self._auth_timer.cancel()
-        await self._send({"type": "authenticated", "tenant": self.auth.tenant.slug, "tier": self.auth.tier.name})
+        self._key, self.auth = key, context
+        self._watch = key_watch_start(context=context, on_change=self._key_changed)
+        await self._send({"type": "authenticated", "tenant": context.tenant.slug, "tier": context.tier.name})
 
+    async def _reauthorize(self, client_id: str | None = None, *, quiet: bool = False) -> bool:
+        """Re-check the socket's key (a frame came, or the key, tenant or tier changed); False when the
+        frame must not be served: the key is refused (the socket closes) or could not be checked."""
+        if self._closing:
+            return False
+        try:
+            context = await _verified(self._key)
+        except ApiError as exc:
+            await self._refuse(exc, client_id)
+            return False
+        except Exception:
+            logger.warning("websocket: the key could not be re-checked", exc_info=True)
+            if not quiet:
+                await self._error(_unavailable(), client_id)
+            return False
+        if self._closing:
+            return False
+        self.auth = context
+        if self._watch is not None:
+            key_watch_update(self._watch, context=context)
+        return True
+
+    def _key_changed(self) -> None:
+        """From the watch, on this loop: re-check now (once more after, if another change comes meanwhile)."""
+        if self._closing or self._key is None:
+            return
+        if self._recheck is not None and not self._recheck.done():
+            self._recheck_again = True
+            return
+        self._recheck = asyncio.ensure_future(self._rechecking())
+
+    async def _rechecking(self) -> None:
+        while not self._closing:
+            self._recheck_again = False
+            await self._reauthorize(quiet=True)
+            if not self._recheck_again:
+                return
+
+    async def _refuse(self, exc: ApiError, client_id: str | None = None) -> None:
+        """The key is not (or no longer) allowed: say why, cancel what runs, close (4401 / 4403)."""
+        if self._closing:
+            return
+        self._closing = True
+        await self._error(exc, client_id)
+        self._watch_stop()
+        self._cancel_all()
+        await self._close(CLOSE_FORBIDDEN if exc.status_code == 403 else CLOSE_UNAUTHORIZED)
+
+    async def _close(self, code: int) -> None:
+        try:
+            await self.close(code=code)
+        except Exception:  # the socket is gone already; disconnect() cancels the rest
+            logger.debug("close of a closed websocket dropped", exc_info=True)
+
+    def _watch_stop(self) -> None:
+        if self._watch is not None:
+            key_watch_stop(self._watch)
+            self._watch = None
+
+    # ------------------------------------------------------------ helpers
     async def _auth_deadline(self) -> None:
         await asyncio.sleep(AUTH_TIMEOUT_S)
         if self.auth is None:
-            await self._error(AuthenticationError(f"No API key within {AUTH_TIMEOUT_S:g} s of connecting."))
-            await self.close(code=CLOSE_UNAUTHORIZED)
+            await self._refuse(AuthenticationError(f"No API key within {AUTH_TIMEOUT_S:g} s of connecting."))
 
     async def _error(self, exc: ApiError, client_id: str | None = None) -> None:
         body = exc.body()
@@ -216,6 +357,32 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(frame)
         except Exception:  # the socket is gone; disconnect() cancels the rest
             logger.debug("send on a closed websocket dropped", exc_info=True)
+
+
+async def _verified(key: str) -> AuthContext:
+    """The key's context as REST would find it now, and the scope every frame of this socket needs."""
+    context = await aapi_key_verify(key=key)
+    if not context.api_key.has_scope(INFERENCE_SCOPE):  # the same refusal as the completion endpoints'
+        raise PermissionDenied("This API key does not have the 'inference' scope.", code="missing_scope")
+    return context
+
+
+def _unavailable() -> ServiceUnavailable:
+    return ServiceUnavailable("The API key cannot be checked right now. Please retry shortly.",
+                              code="auth_unavailable")
+
+
+def _valid_client_id(client_id) -> bool:
+    return isinstance(client_id, str) and 0 < len(client_id) <= MAX_CLIENT_ID and client_id.isprintable()
+
+
+def _frame_too_large(text: str) -> bool:
+    """More than MAX_FRAME_BYTES in UTF-8, decided without encoding unless the length is in doubt."""
+    if len(text) > MAX_FRAME_BYTES:
+        return True  # at least one byte a character
+    if len(text) * 4 <= MAX_FRAME_BYTES:
+        return False  # at most four
+    return len(text.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES
 
 
 def _cancel_if_running(task: asyncio.Task | None) -> None:

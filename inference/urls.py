@@ -4,6 +4,7 @@ from . import views
 from .api import views as api_views
 
 urlpatterns = [
+    path("health", views.health, name="health"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics, name="metrics"),
     path("livez", views.livez, name="livez"),

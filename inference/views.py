@@ -1,4 +1,4 @@
-"""Small HTTP views: health check, Prometheus metrics and the model list (OpenAI `GET /v1/models`)."""
+"""Small HTTP views: health checks, Prometheus metrics and the model list (OpenAI `GET /v1/models`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpResponse, JsonResponse
 from django.utils.crypto import constant_time_compare
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_safe
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from drf_spectacular.views import SpectacularJSONAPIView
 from rest_framework.permissions import AllowAny
@@ -37,6 +38,17 @@ def readyz(request):
     checks = readiness(model=settings.DEFAULT_MODEL)
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse({"status": "ok" if ready else "unavailable", **checks}, status=200 if ready else 503)
+
+
+@csrf_exempt  # another method is a 405, not the CSRF check's 403
+@require_safe
+def health(request):
+    """vLLM's and TGI's probe, which load generators (guidellm) call before a run: 200 with an empty body
+    when this process can serve a completion now (what /readyz checks), else 503, also empty."""
+    from inference.selectors import readiness
+
+    ready = all(value == "ok" for value in readiness(model=settings.DEFAULT_MODEL).values())
+    return HttpResponse(status=200 if ready else 503)
 
 
 def healthz(request):

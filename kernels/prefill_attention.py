@@ -205,8 +205,12 @@ def paged_prefill_attention(
     max_query_len: int,
     max_seq_len: int,
     first_seq: int = 0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Triton launcher; same contract as ``paged_prefill_attention_ref``."""
+    """Triton launcher; same contract as ``paged_prefill_attention_ref``. ``out``: a [T, Hq, D] tensor of q's
+    dtype (rows contiguous in D) to write into instead of a new zeroed one; the rows this call does not compute
+    (the sequences before ``first_seq``, padding) keep what they held (inference.engine.prefill_graphs passes
+    its static buffer)."""
     check_kv_cache(k_cache, v_cache)
     device = check_same_device(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
     check(q.dim() == 3, f"q must be [T, Hq, D], got {tuple(q.shape)}")
@@ -225,7 +229,11 @@ def paged_prefill_attention(
     check(block_tables.dtype == torch.int32 and block_tables.stride(1) == 1, "block_tables must be int32, rows contiguous")
     check(max_query_len >= 0 and max_seq_len >= 0, "max_query_len/max_seq_len must be >= 0")
     _check_first_seq(first_seq, batch)
-    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    if out is None:
+        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    else:
+        check(out.shape == q.shape and out.dtype == q.dtype and out.device == q.device and out.stride(2) == 1,
+              f"out must be {tuple(q.shape)} {q.dtype} on {q.device} with contiguous heads")
     if num_tokens == 0 or batch == first_seq or max_query_len == 0:
         return out
     block_m = 16 if max_query_len <= 16 else (32 if max_query_len <= 32 else 64)

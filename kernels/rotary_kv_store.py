@@ -73,12 +73,17 @@ def _rotary_and_store_kv_kernel(
 
 def rotary_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        slot_mapping: torch.Tensor) -> torch.Tensor:
-    """Triton launcher; same contract as ``rotary_and_store_kv_ref``."""
+                        slot_mapping: torch.Tensor, q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton launcher; same contract as ``rotary_and_store_kv_ref``. ``q_out``: a [T, Hq, D] tensor of q's dtype
+    (rows contiguous in D) to write the rotated queries into, instead of a new one (prefill_graphs' static
+    buffer)."""
     device = check_rotary_inputs(positions, q, k, cos_sin_cache)
     check_store_inputs(k, v, k_cache, v_cache, slot_mapping)
     num_tokens, hq, dim = q.shape
-    q_out = torch.empty((num_tokens, hq, dim), dtype=q.dtype, device=device)
+    if q_out is None:
+        q_out = torch.empty((num_tokens, hq, dim), dtype=q.dtype, device=device)
+    elif not (q_out.shape == q.shape and q_out.dtype == q.dtype and q_out.device == q.device and q_out.stride(2) == 1):
+        raise ValueError(f"q_out must be {tuple(q.shape)} {q.dtype} on {q.device} with contiguous heads")
     if num_tokens:
         kernel_for(_rotary_and_store_kv_kernel, device)[(num_tokens,)](
             positions, q, k, v, cos_sin_cache, q_out, k_cache, v_cache, slot_mapping,

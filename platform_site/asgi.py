@@ -11,23 +11,24 @@ django_asgi_app = get_asgi_application()
 from django.conf import settings  # noqa: E402
 
 if settings.DEBUG:  # `make run`: admin CSS/JS from the app finders; production serves STATIC_ROOT via nginx
-    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+    from common.static_files import SafeASGIStaticFilesHandler  # noqa: E402
 
-    django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
+    django_asgi_app = SafeASGIStaticFilesHandler(django_asgi_app)  # a path out of the static dirs: 404
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from common.request_body import body_deadline  # noqa: E402
-from inference.api.asgi import api_http_router  # noqa: E402
+from common.request_body import body_deadline, body_limit  # noqa: E402
+from inference.api.asgi import API_PATHS, api_http_router  # noqa: E402
 from inference.metrics.gateway import http_metrics  # noqa: E402
 from inference.routing import ApiOriginValidator, websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # the completion endpoints skip the middleware stack (see inference/api/asgi.py); every body has
-        # REQUEST_BODY_TIMEOUT_S to arrive (common/request_body.py); every response is counted by status
-        # (inference.metrics)
-        "http": http_metrics(body_deadline(api_http_router(django_asgi_app))),
+        # REQUEST_BODY_TIMEOUT_S to arrive, and one under /v1 over DATA_UPLOAD_MAX_MEMORY_SIZE is refused
+        # before it is read (the completion views count it against the key's RPM first) (common/request_body.py);
+        # every response is counted by status (inference.metrics)
+        "http": http_metrics(body_deadline(body_limit(api_http_router(django_asgi_app), refused_by_app=API_PATHS))),
         # a browser's Origin must be allowed (settings.WEBSOCKET_ALLOWED_ORIGINS)
         "websocket": ApiOriginValidator(URLRouter(websocket_urlpatterns)),
     }

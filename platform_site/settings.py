@@ -184,6 +184,13 @@ DEFAULT_MODEL = ENV.get("DEFAULT_MODEL", "smollm2-135m-instruct")
 # default is written once, where offline users (tests, benchmarks) get it too.
 ENGINE_DTYPE = env_opt("ENGINE_DTYPE")
 ENGINE_KV_CACHE_MB = env_opt("ENGINE_KV_CACHE_MB", int)
+# Unset ENGINE_KV_CACHE_MB: the KV cache is sized from the memory free at start (inference.engine.kv_sizing),
+# ENGINE_KV_CACHE_FRACTION of it (0.5 on the CPU, 0.9 on CUDA) split among the ENGINE_WORKERS_PER_DEVICE
+# workers sharing the device (the host's RAM for cpu, one GPU for cuda:N); ENGINE_FREE_MEMORY_MB replaces
+# the figure read from the device (a pinned size, or tests).
+ENGINE_KV_CACHE_FRACTION = env_opt("ENGINE_KV_CACHE_FRACTION", float)
+ENGINE_WORKERS_PER_DEVICE = env_opt("ENGINE_WORKERS_PER_DEVICE", int)
+ENGINE_FREE_MEMORY_MB = env_opt("ENGINE_FREE_MEMORY_MB", int)
 ENGINE_MAX_NUM_SEQS = env_opt("ENGINE_MAX_NUM_SEQS", int)
 ENGINE_CPU_UPCAST_MATMUL = env_opt("ENGINE_CPU_UPCAST_MATMUL")  # auto, 0, 1
 ENGINE_CPU_PREPACK = env_flag("ENGINE_CPU_PREPACK")
@@ -257,6 +264,10 @@ DEFAULT_FROM_EMAIL = ENV.get("DEFAULT_FROM_EMAIL", "billing@localhost")
 ADMISSION_ENABLED = env_bool("ADMISSION_ENABLED", True)
 ADMISSION_KEY_PREFIX = ENV.get("ADMISSION_KEY_PREFIX", "lim")
 ADMISSION_HOLD_S = float(ENV.get("ADMISSION_HOLD_S", "900"))
+# Between admission and the queue a request's reservation (its concurrency slot above all) is held on a lease
+# of this many seconds, renewed by its web process until the job is queued: a web process killed in between
+# leaves nothing held for longer than this (billing.admission.base).
+ADMISSION_LEASE_S = float(ENV.get("ADMISSION_LEASE_S", "5"))
 # Budget alerts e-mail the tenant's owners at these percentages of the monthly budget.
 BUDGET_ALERT_PERCENTS = [int(p) for p in ENV.get("BUDGET_ALERT_PERCENTS", "50,80,100").split(",") if p.strip()]
 # Hours after a period ends before its invoices are finalized (late usage records still land in them).
@@ -279,11 +290,15 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/dashboard/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 # Login throttling (django-axes): after AXES_FAILURE_LIMIT failed logins of one username from one
-# address, that pair is refused (429) for AXES_COOLOFF_MINUTES; a success resets its count.
+# address, that pair is refused (429) for AXES_COOLOFF_MINUTES; a success resets its count. An address
+# that failed to log in as AXES_USERNAMES_PER_ADDRESS distinct usernames within that time is refused
+# for every username (password spraying; common.login_throttle); 0: no such limit.
 AXES_ENABLED = env_bool("AXES_ENABLED", True)
 AXES_FAILURE_LIMIT = int(ENV.get("AXES_FAILURE_LIMIT", "5"))
 AXES_COOLOFF_TIME = timedelta(minutes=float(ENV.get("AXES_COOLOFF_MINUTES", "15")))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_HANDLER = "common.login_throttle.LoginThrottleHandler"
+AXES_USERNAMES_PER_ADDRESS = int(ENV.get("AXES_USERNAMES_PER_ADDRESS", "10"))
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False
 
@@ -299,6 +314,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": ["inference.api.openapi.document_complete"],
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+    # the id converters of common.converters: a public id is a string, a row id an integer
+    "PATH_CONVERTER_OVERRIDES": {"public_id": str, "row_id": int},
 }
 
 REST_FRAMEWORK = {
@@ -307,7 +324,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "common.errors.openai_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's JSON parser with a nesting limit (a 400, not a RecursionError's 500), as the completion views parse
+    "DEFAULT_PARSER_CLASSES": ["common.json_parser.JsonBodyParser"],
     "UNAUTHENTICATED_USER": None,
 }
 

@@ -2,7 +2,11 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from dashboard.views import landing
+
 urlpatterns = [
+    path("", landing.landing, name="landing"),
+    path("favicon.ico", landing.favicon, name="favicon"),
     path("admin/console/", include("dashboard.console_urls")),
     path("admin/", admin.site.urls),
     # the dashboard's logins: in, out, password change (no e-mailed password reset)

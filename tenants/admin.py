@@ -93,7 +93,8 @@ class TenantAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ("name",)}
     inlines = (MembershipInline, ApiKeyInline)
     actions = ("change_tier", "suspend", "reactivate")
-    readonly_fields = ("effective_limits",)
+    # the owners' own budget is theirs to set (dashboard, Limits & budget); the operator sets the cap
+    readonly_fields = ("owner_spend_limit_micros", "effective_limits")
 
     @admin.display(description="effective limits")
     def effective_limits(self, obj):
@@ -107,7 +108,7 @@ class TenantAdmin(admin.ModelAdmin):
     def active_keys(self, obj):
         return obj._active_keys
 
-    @admin.display(description="monthly spend limit", ordering="monthly_spend_limit_micros")
+    @admin.display(description="operator's budget cap", ordering="monthly_spend_limit_micros")
     def spend_limit_usd(self, obj):
         micros = obj.monthly_spend_limit_micros
         return "none" if not micros else f"${micros // 1_000_000:,}.{micros % 1_000_000 // 10_000:02d}"

@@ -1,4 +1,9 @@
-"""Key management API for tenants: /v1/keys. A key only ever sees its own tenant's keys."""
+"""Key management API for tenants: /v1/keys. A key only ever sees its own tenant's keys.
+
+Every method needs the `keys:manage` scope, reading included: a key's list
+names every other key of the tenant (names, prefixes, scopes, last use), which
+an inference-only key has no business seeing. Keys with no scopes have all.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ def _key_or_404(request, key_id: str) -> ApiKey:
 
 class ApiKeyListCreateApi(APIView):
     permission_classes = [HasScope]
-    required_scopes = {"POST": ApiKey.SCOPE_KEYS}
+    required_scope = ApiKey.SCOPE_KEYS
 
     class InputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=100)
@@ -80,7 +85,7 @@ class ApiKeyDetailApi(APIView):
     """GET one key; DELETE revokes it (same as POST .../revoke)."""
 
     permission_classes = [HasScope]
-    required_scopes = {"DELETE": ApiKey.SCOPE_KEYS}
+    required_scope = ApiKey.SCOPE_KEYS
 
     @extend_schema(summary="One API key", responses={200: OpenApiResponse(response=ref("ApiKey"))})
     def get(self, request, key_id: str):

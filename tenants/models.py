@@ -9,6 +9,7 @@ import zoneinfo
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -62,7 +63,15 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=60, unique=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE, db_index=True)
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
-    monthly_spend_limit_micros = models.BigIntegerField(default=0, help_text="Micro-dollars; 0 means no limit")
+    # Two monthly budgets; the lower one that is set applies (tenants.services.limits.tenant_budget_micros).
+    # The operator's cap (admin, `limits_set --monthly-budget-usd`): the tenant's owners cannot change it.
+    monthly_spend_limit_micros = models.BigIntegerField(
+        default=0, validators=[MinValueValidator(0)],
+        help_text="Operator's monthly budget cap, micro-dollars; 0 means none")
+    # The tenant's own budget, which its owners set on the dashboard (Limits & budget).
+    owner_spend_limit_micros = models.BigIntegerField(
+        default=0, validators=[MinValueValidator(0)],
+        help_text="The tenant owners' own monthly budget (dashboard), micro-dollars; 0 means none")
     # Overrides of the tier's limits for this tenant (empty: the tier's; 0: no limit).
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the tier's")
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the tier's")
@@ -168,6 +177,10 @@ class ApiKey(models.Model):
     monthly_spend_limit_micros = models.BigIntegerField(
         null=True, blank=True, help_text="Micro-dollars; empty: only the tenant's budget"
     )
+    # The keys that created this one (a key made through /v1/keys), its creator first: its requests also count
+    # against their ceilings, so the keys a limited key makes share its limits (tenants.services.limits.key_scopes).
+    lineage = models.JSONField(default=list, blank=True, editable=False,
+                               help_text="Ids of the keys that created this key, nearest first")
 
     class Meta:
         ordering = ["-created_at"]

@@ -23,6 +23,28 @@ token buckets, the difference between the worst case and the actual amount
 for counters) and freeing its slots. Settling an unknown or already settled
 reservation changes nothing.
 
+The pre-enqueue lease (`Plan.lease_s`): a reservation starts out held only for
+`lease_s` seconds, which the web process that made it renews (`extend`) while
+the request is in its hands, until the job is on the queue (`confirm`): from
+then on it is held up to `hold_s`, and the worker (or the reaper) settles it,
+as before. A web process that dies in between stops renewing: its slots are
+free once the lease has run out (their expiry is the lease's end), and its
+reservation is stale then (`stale_reservations`), so the periodic sweep gives
+back its quota and budget (or settles them to a usage record, if the job did
+run). A slot is no longer held for `hold_s` by a request that never reached a
+worker.
+
+A reservation whose request ends in the next period (`Actual.at` at or after
+`Plan.period_end`: admitted at 23:59:59.9, finished after midnight) leaves its
+admission period's counters and is counted in the next period's
+(`Counter.next_key`), the period its usage record's `created_at` is in: the
+counters and the invoices put each request in the same month
+(billing.periods).
+
+A count-only plan (`Plan.count_only`) takes its buckets and holds nothing:
+what a refused request costs (an oversize or malformed body counts one
+request against the key's requests per minute).
+
 Backends keep time on one clock: Redis's `TIME` inside the script (every web
 process agrees), or the injected `clock` of the in-process backend.
 """
@@ -68,6 +90,7 @@ class Counter:
     limit: int
     amount: int  # the worst case, reserved at admission
     ttl_s: int  # the counter outlives its period by a margin, then goes
+    next_key: str = ""  # the same counter of the next period: a request that ends there is counted there
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +100,13 @@ class Plan:
     slots: tuple[Slot, ...] = ()
     counters: tuple[Counter, ...] = ()
     hold_s: float = 900.0  # the longest a request can live: a slot or reservation older than this is stale
+    lease_s: float = 0.0  # > 0: held this long unless renewed (extend) until the job is queued (confirm)
+    period_end: float = 0.0  # unix seconds: the counters' period ends here (0: always settle in place)
+    count_only: bool = False  # take the buckets, reserve nothing (no slots, no counters allowed)
+
+    def __post_init__(self) -> None:
+        if self.count_only and (self.slots or self.counters):
+            raise ValueError("a count-only plan takes buckets only")
 
     @property
     def empty(self) -> bool:
@@ -121,6 +151,7 @@ class Actual:
     tokens: int = 0  # counted against tokens per minute: uncached prompt + completion
     quota: int = 0  # prompt + completion tokens
     spend: int = 0  # nano-dollars
+    at: float = 0.0  # unix seconds its usage record is dated (created_at); 0: the admission's period
 
     def of(self, kind: str) -> int:
         return getattr(self, kind) if kind in _ACTUAL_KINDS else 0  # (the kinds are its fields' names)
@@ -138,6 +169,7 @@ class CounterAfter:
 
 class AdmissionBackend(abc.ABC):
     prefix = ""  # keys of this backend start with it (Redis: a hash tag, one cluster slot)
+    in_process = False  # its calls are a lock and a few dict operations: no round trip to wait for
 
     def key(self, *parts: object) -> str:
         return ":".join((self.prefix, *map(str, parts))) if self.prefix else ":".join(map(str, parts))
@@ -172,6 +204,22 @@ class AdmissionBackend(abc.ABC):
         return await asyncio.to_thread(self.settle, request_id, actual)
 
     @abc.abstractmethod
+    def extend(self, request_ids: list[str], seconds: float) -> int:
+        """Renew the pre-enqueue lease of these reservations for `seconds` more (their slots too); how many
+        still held one (a reservation already released, settled or confirmed is left alone)."""
+
+    @abc.abstractmethod
+    def confirm(self, request_id: str) -> bool:
+        """The request's job is queued: end its lease, hold it (and its slots) up to its plan's `hold_s` from
+        now. False when the reservation is gone (its lease ran out first, or it was settled)."""
+
+    async def aextend(self, request_ids: list[str], seconds: float) -> int:
+        return await asyncio.to_thread(self.extend, request_ids, seconds)
+
+    async def aconfirm(self, request_id: str) -> bool:
+        return await asyncio.to_thread(self.confirm, request_id)
+
+    @abc.abstractmethod
     def open_reserved(self, key: str) -> int:
         """The sum of the open reservations on counter `key` (what a rebuild adds to the ledger)."""
 
@@ -184,7 +232,7 @@ class AdmissionBackend(abc.ABC):
 
     @abc.abstractmethod
     def stale_reservations(self) -> list[str]:
-        """Request ids whose reservation is older than its plan's `hold_s`."""
+        """Request ids whose reservation is older than its plan's `hold_s`, or whose pre-enqueue lease ran out."""
 
     @abc.abstractmethod
     def held(self) -> tuple[int, int]:

@@ -18,7 +18,9 @@ class _Reservation:
     deadline: float
     buckets: list[tuple[str, str, float, int]]  # key, kind, seconds per unit, units taken
     slots: list[str]
-    counters: list[tuple[str, str, int, int]]  # key, kind, amount reserved, limit
+    counters: list[tuple[str, str, int, int, str]]  # key, kind, amount reserved, limit, next period's key
+    hold_s: float = 0.0
+    period_end: float = 0.0
 
 
 def bucket_take(*, tat: float, now: float, limit: int, cost: int, window_s: float) -> tuple[float, float, int, int]:
@@ -40,6 +42,8 @@ def _counters_after(after: dict[str, tuple[str, int, int]]) -> list[CounterAfter
 
 
 class MemoryAdmission(AdmissionBackend):
+    in_process = True
+
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self._lock = threading.Lock()
@@ -48,6 +52,7 @@ class MemoryAdmission(AdmissionBackend):
         self._counters: dict[str, tuple[int, float]] = {}  # key -> (value, expiry)
         self._open: dict[str, dict[str, int]] = {}  # counter key -> request id -> reserved
         self._reservations: dict[str, _Reservation] = {}
+        self._leases: dict[str, float] = {}  # request id -> end of its pre-enqueue lease (until confirmed)
         self._alerts: dict[str, float] = {}
 
     async def aadmit(self, plan: Plan) -> Decision:
@@ -55,6 +60,12 @@ class MemoryAdmission(AdmissionBackend):
 
     async def asettle(self, request_id: str, actual: Actual):
         return self.settle(request_id, actual)
+
+    async def aextend(self, request_ids: list[str], seconds: float) -> int:
+        return self.extend(request_ids, seconds)
+
+    async def aconfirm(self, request_id: str) -> bool:
+        return self.confirm(request_id)
 
     def _counter(self, key: str, now: float) -> int | None:
         entry = self._counters.get(key)
@@ -102,19 +113,51 @@ class MemoryAdmission(AdmissionBackend):
                 self._tats[bucket.key] = new_tat
                 states.append(BucketState(key=bucket.key, kind=bucket.kind, limit=bucket.limit,
                                           remaining=remaining, reset_s=new_tat - now))
+            if plan.count_only:
+                return Decision(admitted=True, buckets=states)
+            held_until = now + (plan.lease_s or plan.hold_s)
             for slot in plan.slots:
-                self._slots[slot.key][plan.request_id] = now + plan.hold_s
+                self._slots[slot.key][plan.request_id] = held_until
             for counter in plan.counters:
                 value, expiry = self._counters[counter.key]
                 self._counters[counter.key] = (value + counter.amount, expiry)
                 self._open.setdefault(counter.key, {})[plan.request_id] = counter.amount
             self._reservations[plan.request_id] = _Reservation(
-                deadline=now + plan.hold_s,
+                deadline=held_until,
                 buckets=[(b.key, b.kind, b.window_s / b.limit, b.cost) for b in plan.buckets],
                 slots=[s.key for s in plan.slots],
-                counters=[(c.key, c.kind, c.amount, c.limit) for c in plan.counters],
+                counters=[(c.key, c.kind, c.amount, c.limit, c.next_key) for c in plan.counters],
+                hold_s=plan.hold_s, period_end=plan.period_end,
             )
+            if plan.lease_s:
+                self._leases[plan.request_id] = held_until
             return Decision(admitted=True, buckets=states)
+
+    def extend(self, request_ids: list[str], seconds: float) -> int:
+        with self._lock:
+            now, renewed = self.clock(), 0
+            for rid in request_ids:
+                reservation = self._reservations.get(rid)
+                if reservation is None or rid not in self._leases or self._leases[rid] <= now:
+                    continue  # gone, confirmed, or past its lease's end (its slots may be others' now)
+                self._leases[rid] = reservation.deadline = now + seconds
+                for key in reservation.slots:
+                    if rid in self._slots.get(key, {}):
+                        self._slots[key][rid] = now + seconds
+                renewed += 1
+            return renewed
+
+    def confirm(self, request_id: str) -> bool:
+        with self._lock:
+            now = self.clock()
+            reservation = self._reservations.get(request_id)
+            if reservation is None:
+                return False
+            self._leases.pop(request_id, None)
+            reservation.deadline = now + reservation.hold_s
+            for key in reservation.slots:
+                self._slots.setdefault(key, {})[request_id] = reservation.deadline
+            return True
 
     def settle(self, request_id: str, actual: Actual) -> list[CounterAfter] | None:
         with self._lock:
@@ -137,19 +180,26 @@ class MemoryAdmission(AdmissionBackend):
         reservation = self._reservations.pop(request_id, None)
         if reservation is None:
             return False
+        self._leases.pop(request_id, None)
         for key, kind, interval, taken in reservation.buckets:
             refund = taken - actual.tokens if kind == TOKENS else 0
             if refund > 0 and key in self._tats:
                 self._tats[key] = max(now, self._tats[key] - refund * interval)
         for key in reservation.slots:
             self._slots.get(key, {}).pop(request_id, None)
-        for key, kind, amount, limit in reservation.counters:
+        crossed = bool(reservation.period_end and actual.at and actual.at >= reservation.period_end)
+        for key, kind, amount, limit, next_key in reservation.counters:
             self._open.get(key, {}).pop(request_id, None)
             value = self._counter(key, now)
             if value is not None:  # a counter seeded after the reservation already left it out
-                value += actual.of(kind) - amount
+                value += (0 if crossed else actual.of(kind)) - amount
                 self._counters[key] = (value, self._counters[key][1])
                 after[key] = (kind, value, limit)
+            following = self._counter(next_key, now) if crossed and next_key else None
+            if following is not None:  # missing: its rebuild reads the record from the ledger
+                following += actual.of(kind)
+                self._counters[next_key] = (following, self._counters[next_key][1])
+                after[next_key] = (kind, following, limit)
         return True
 
     def open_reserved(self, key: str) -> int:
@@ -187,5 +237,6 @@ class MemoryAdmission(AdmissionBackend):
 
     def flush(self) -> None:
         with self._lock:
-            for store in (self._tats, self._slots, self._counters, self._open, self._reservations, self._alerts):
+            for store in (self._tats, self._slots, self._counters, self._open, self._reservations, self._leases,
+                          self._alerts):
                 store.clear()

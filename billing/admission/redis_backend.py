@@ -28,13 +28,14 @@ ALERT_MEMO_S = 86400.0  # an alert key is per threshold and period: marked, it s
 
 
 def _plan_args(prefix: str, plan: Plan) -> list:
-    args: list = [prefix, plan.request_id, plan.hold_s, len(plan.buckets), len(plan.slots), len(plan.counters)]
+    args: list = [prefix, plan.request_id, plan.hold_s, len(plan.buckets), len(plan.slots), len(plan.counters),
+                  plan.lease_s, plan.period_end, int(plan.count_only)]
     for b in plan.buckets:
         args += [b.key, b.kind, b.limit, b.cost, b.window_s]
     for s in plan.slots:
         args += [s.key, s.limit]
     for c in plan.counters:
-        args += [c.key, c.kind, c.limit, c.amount]
+        args += [c.key, c.kind, c.limit, c.amount, c.next_key]
     return args
 
 
@@ -58,7 +59,7 @@ def _decision(plan: Plan, reply: list) -> Decision:
 
 
 def _settle_arg(items: list[tuple[str, Actual]]) -> str:
-    return json.dumps([(rid, a.tokens, a.quota, a.spend) for rid, a in items])
+    return json.dumps([(rid, a.tokens, a.quota, a.spend, a.at) for rid, a in items])
 
 
 def _settled(reply: list) -> tuple[int, list[CounterAfter]]:
@@ -74,7 +75,7 @@ class RedisAdmission(AdmissionBackend):
                                                     socket_timeout=5, socket_connect_timeout=2)
         self.prefix = prefix if prefix.startswith("{") else "{" + prefix + "}"
         self._scripts = {name: self.redis.register_script(getattr(lua, name))
-                         for name in ("ADMIT", "SETTLE", "STALE", "SEED")}
+                         for name in ("ADMIT", "SETTLE", "STALE", "SEED", "EXTEND", "CONFIRM")}
         self._alerts_marked: TtlCache[str, bool] = TtlCache("admission alert marks", ttl=ALERT_MEMO_S,
                                                             max_entries=10_000)
         self._settle_conn = None  # settle_many_start's connection, out of the pool between calls
@@ -88,23 +89,20 @@ class RedisAdmission(AdmissionBackend):
         except redis.RedisError as exc:
             raise AdmissionUnavailable(str(exc)) from exc
 
-    def _async_script(self):
+    def _async_script(self, name: str = "ADMIT"):
         loop = asyncio.get_running_loop()
-        script = self._async.get(loop)
-        if script is None:
+        scripts = self._async.get(loop)
+        if scripts is None:
             client = redis.asyncio.Redis.from_url(self.url, decode_responses=True, socket_timeout=5,
                                                   socket_connect_timeout=2)
-            script = self._async[loop] = client.register_script(lua.ADMIT)
-        return script
+            scripts = self._async[loop] = {name: client.register_script(getattr(lua, name))
+                                           for name in ("ADMIT", "EXTEND", "CONFIRM")}
+        return scripts[name]
 
-    def admit(self, plan: Plan) -> Decision:
-        return _decision(plan, self._call("ADMIT", *_plan_args(self.prefix, plan)[1:]))
-
-    async def aadmit(self, plan: Plan) -> Decision:
+    async def _acall(self, name: str, *args):
         for attempt in range(2):
             try:
-                reply = await self._async_script()(keys=[], args=_plan_args(self.prefix, plan))
-                break
+                return await self._async_script(name)(keys=[], args=[self.prefix, *args])
             except redis.ConnectionError as exc:
                 # After a Redis restart the pool's idle connections are dead: the first call on one fails
                 # without reaching the server (and the connection is dropped); the second takes a new one.
@@ -112,7 +110,25 @@ class RedisAdmission(AdmissionBackend):
                     raise AdmissionUnavailable(str(exc)) from exc
             except redis.RedisError as exc:
                 raise AdmissionUnavailable(str(exc)) from exc
-        return _decision(plan, reply)
+        raise AssertionError("unreachable")
+
+    def admit(self, plan: Plan) -> Decision:
+        return _decision(plan, self._call("ADMIT", *_plan_args(self.prefix, plan)[1:]))
+
+    async def aadmit(self, plan: Plan) -> Decision:
+        return _decision(plan, await self._acall("ADMIT", *_plan_args(self.prefix, plan)[1:]))
+
+    def extend(self, request_ids: list[str], seconds: float) -> int:
+        return int(self._call("EXTEND", seconds, *request_ids)) if request_ids else 0
+
+    async def aextend(self, request_ids: list[str], seconds: float) -> int:
+        return int(await self._acall("EXTEND", seconds, *request_ids)) if request_ids else 0
+
+    def confirm(self, request_id: str) -> bool:
+        return bool(self._call("CONFIRM", request_id))
+
+    async def aconfirm(self, request_id: str) -> bool:
+        return bool(await self._acall("CONFIRM", request_id))
 
     def settle(self, request_id: str, actual: Actual) -> list[CounterAfter] | None:
         settled, after = self._settle([(request_id, actual)])

@@ -10,6 +10,10 @@ under P (billing.services.admission):
   counter key:open  hash    request id -> amount it reserved on that counter
   P:res:RID         string  the reservation of request RID (JSON: what to give back at settlement)
   P:resdl           zset    request id -> deadline (admission + hold_s), for the stale sweep
+  P:respre          zset    the reservations still on their pre-enqueue lease (EXTEND renews them; CONFIRM
+                            and SETTLE take them out). While leased, a reservation's slot expiries and its
+                            P:resdl deadline are the lease's end: an unrenewed lease frees its slots then,
+                            and the stale sweep settles the rest (to the usage record, if one was written)
   alert keys        string  set once per threshold and period (SET NX)
 
 Numbers are Lua doubles: times in seconds keep microseconds at today's epoch,
@@ -17,18 +21,21 @@ and counters stay below 2^53 (spend is in nano-dollars: 9 million USD).
 Floats go back to Python as strings (Redis truncates Lua numbers to integers).
 """
 
-# ARGV: P, rid, hold_s, nb, ns, nc,
-#   nb x (key, kind, limit, cost, window_s), ns x (key, limit), nc x (key, kind, limit, amount)
+# ARGV: P, rid, hold_s, nb, ns, nc, lease_s, period_end, count_only,
+#   nb x (key, kind, limit, cost, window_s), ns x (key, limit), nc x (key, kind, limit, amount, next_key)
 # -> {-1} duplicate | {2, missing counter keys...} | {0, kind, key, limit, used, requested, retry_s}
 #    | {1, remaining_1, reset_s_1, ...} per bucket
+# lease_s > 0: slots and the reservation are held that long (P:respre) until EXTEND renews or CONFIRM ends it.
+# count_only = 1: take the buckets, reserve nothing (the plan has no slots or counters).
 ADMIT = r"""
 local P, rid, hold = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local nb, ns, nc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local lease, pe, count_only = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == '1'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local res_key = P..':res:'..rid
-if redis.call('EXISTS', res_key) == 1 then return {-1} end
-local i = 7
+if not count_only and redis.call('EXISTS', res_key) == 1 then return {-1} end
+local i = 10
 local buckets, slots, counters = {}, {}, {}
 for _ = 1, nb do
   buckets[#buckets + 1] = {ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])}
@@ -36,8 +43,8 @@ for _ = 1, nb do
 end
 for _ = 1, ns do slots[#slots + 1] = {ARGV[i], tonumber(ARGV[i + 1])}; i = i + 2 end
 for _ = 1, nc do
-  counters[#counters + 1] = {ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])}
-  i = i + 4
+  counters[#counters + 1] = {ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), ARGV[i + 4]}
+  i = i + 5
 end
 -- checks first (nothing taken until all pass)
 local missing, values = {2}, {}
@@ -78,8 +85,11 @@ for k, b in ipairs(buckets) do
   out[#out + 1] = string.format('%.6f', tat - now)
   res.b[#res.b + 1] = {b[1], b[2], interval, b[4]}
 end
+if count_only then return out end
+local held_until = now + hold
+if lease > 0 then held_until = now + lease end
 for _, s in ipairs(slots) do
-  redis.call('ZADD', s[1], now + hold, rid)
+  redis.call('ZADD', s[1], held_until, rid)
   redis.call('EXPIRE', s[1], math.ceil(hold) + 60)
   res.s[#res.s + 1] = s[1]
 end
@@ -88,18 +98,64 @@ for _, c in ipairs(counters) do
   redis.call('HSET', c[1]..':open', rid, c[4])
   local ttl = redis.call('TTL', c[1])
   if ttl > 0 then redis.call('EXPIRE', c[1]..':open', ttl) end
-  res.c[#res.c + 1] = {c[1], c[2], c[4], c[3]}
+  res.c[#res.c + 1] = {c[1], c[2], c[4], c[3], c[5]}
 end
+res.h, res.pe = hold, pe
 redis.call('SET', res_key, cjson.encode(res), 'EX', math.ceil(hold) * 4 + 86400)
-redis.call('ZADD', P..':resdl', now + hold, rid)
+redis.call('ZADD', P..':resdl', held_until, rid)
+if lease > 0 then redis.call('ZADD', P..':respre', held_until, rid) end
 return out
 """
 
-# ARGV: P, JSON [[rid, tokens, quota, spend], ...] (a worker's step in one call, its arguments in one string)
+# ARGV: P, seconds, rid... -> how many leases were renewed (a reservation gone, confirmed, or past its lease's
+# end, whose slots may have gone to other requests since, is not)
+EXTEND = r"""
+local P, secs = ARGV[1], tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local renewed = 0
+for i = 3, #ARGV do
+  local rid = ARGV[i]
+  local lease_end = redis.call('ZSCORE', P..':respre', rid)
+  local raw = redis.call('GET', P..':res:'..rid)
+  if lease_end and tonumber(lease_end) > now and raw then
+    redis.call('ZADD', P..':respre', now + secs, rid)
+    redis.call('ZADD', P..':resdl', now + secs, rid)
+    for _, key in ipairs(cjson.decode(raw).s) do redis.call('ZADD', key, 'XX', now + secs, rid) end
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""
+
+# ARGV: P, rid -> 1 held up to its hold_s from now (the job is queued) | 0 the reservation is gone (the stale
+# sweep released it after its lease ran out, or it was settled)
+CONFIRM = r"""
+local P, rid = ARGV[1], ARGV[2]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local raw = redis.call('GET', P..':res:'..rid)
+if not raw then return 0 end
+local res = cjson.decode(raw)
+redis.call('ZREM', P..':respre', rid)
+local hold = tonumber(res.h or 0)
+if hold > 0 then
+  redis.call('ZADD', P..':resdl', now + hold, rid)
+  for _, key in ipairs(res.s) do
+    redis.call('ZADD', key, now + hold, rid)
+    redis.call('EXPIRE', key, math.ceil(hold) + 60)
+  end
+end
+return 1
+"""
+
+# ARGV: P, JSON [[rid, tokens, quota, spend, at], ...] (a worker's step in one call, its arguments in one string)
 # -> {settled, then per counter the requests had reserved on: key, kind, value after, limit}
 # Each bucket, slot and counter is written once for all the requests that reserved on it: the
 # refunds of a bucket add up (max(now, tat - a - b) = max(now, max(now, tat - a) - b) for a, b >= 0),
-# the corrections of a counter too.
+# the corrections of a counter too. A request whose record is dated (`at`) at or after its reservation's
+# period end (`pe`) gives its admission period's counters back whole and is counted in the next period's
+# (each counter's next key), when that counter exists (when it does not, its rebuild reads the record).
 SETTLE = r"""
 local P = ARGV[1]
 local t = redis.call('TIME')
@@ -108,9 +164,13 @@ local settled, rids = 0, {}
 local back, buckets = {}, {}  -- bucket key -> seconds its TAT moves back
 local holders, slots = {}, {}  -- slot key -> request ids freed
 local delta, info, openers, counters = {}, {}, {}, {}  -- counter key -> correction, {kind, limit}, request ids
+local function counter_of(key, kind, limit)
+  if not delta[key] then delta[key] = 0; info[key] = {kind, limit}; openers[key] = {}; counters[#counters + 1] = key end
+end
 for _, item in ipairs(cjson.decode(ARGV[2])) do
   local rid = item[1]
   local actual = {tokens = item[2], quota = item[3], spend = item[4]}
+  local at = tonumber(item[5] or 0)
   rids[#rids + 1] = rid
   local res_key = P..':res:'..rid
   local raw = redis.call('GET', res_key)
@@ -129,14 +189,24 @@ for _, item in ipairs(cjson.decode(ARGV[2])) do
       if not holders[key] then holders[key] = {}; slots[#slots + 1] = key end
       holders[key][#holders[key] + 1] = rid
     end
+    local crossed = res.pe and res.pe > 0 and at > 0 and at >= res.pe
     for _, c in ipairs(res.c) do
-      if not delta[c[1]] then delta[c[1]] = 0; info[c[1]] = {c[2], c[4]}; openers[c[1]] = {}; counters[#counters + 1] = c[1] end
-      delta[c[1]] = delta[c[1]] + (actual[c[2]] or 0) - c[3]
+      counter_of(c[1], c[2], c[4])
       openers[c[1]][#openers[c[1]] + 1] = rid
+      if crossed then
+        delta[c[1]] = delta[c[1]] - c[3]
+        if c[5] and c[5] ~= '' then
+          counter_of(c[5], c[2], c[4])
+          delta[c[5]] = delta[c[5]] + (actual[c[2]] or 0)
+        end
+      else
+        delta[c[1]] = delta[c[1]] + (actual[c[2]] or 0) - c[3]
+      end
     end
   end
 end
 redis.call('ZREM', P..':resdl', unpack(rids))
+redis.call('ZREM', P..':respre', unpack(rids))
 for _, key in ipairs(buckets) do
   local tat = redis.call('GET', key)
   if tat then
@@ -147,7 +217,7 @@ end
 for _, key in ipairs(slots) do redis.call('ZREM', key, unpack(holders[key])) end
 local out = {settled}
 for _, key in ipairs(counters) do
-  redis.call('HDEL', key..':open', unpack(openers[key]))
+  if #openers[key] > 0 then redis.call('HDEL', key..':open', unpack(openers[key])) end
   if redis.call('EXISTS', key) == 1 then
     out[#out + 1] = key; out[#out + 1] = info[key][1]
     out[#out + 1] = redis.call('INCRBY', key, delta[key]); out[#out + 1] = info[key][2]

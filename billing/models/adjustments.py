@@ -5,6 +5,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from billing.models.femtos import FemtosField
 from tenants.models import Tenant
 
 
@@ -15,7 +16,7 @@ class Adjustment(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="adjustments")
     kind = models.CharField(max_length=6, choices=Kind.choices)
-    amount_femtos = models.BigIntegerField(validators=[MinValueValidator(1)], help_text="Positive, femto-USD")
+    amount_femtos = FemtosField(validators=[MinValueValidator(1)], help_text="Positive, femto-USD")
     reason = models.TextField()
     operator = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     # The instant that places it in a billing period (default: when it was entered).

@@ -11,8 +11,13 @@ Amounts: each line's exact cost is kept as a decimal string of USD
 holds exactly); the line's amount is that rounded once, to the cent, half to
 even (billing.money.cents_round), in integer cents. A document's total is the
 sum of its lines' amounts.
+
+Tenants name an invoice by its random `public_id` (`inv_...`), never by its
+row id, which would tell how many invoices the platform has issued.
 """
 
+import secrets
+import string
 from decimal import Decimal
 
 from django.db import models
@@ -21,6 +26,15 @@ from django.utils.timezone import now
 from billing.models.adjustments import Adjustment
 from billing.models.prices import Price
 from tenants.models import Tenant
+
+PUBLIC_ID_PREFIX = "inv_"
+PUBLIC_ID_PATTERN = r"inv_[A-Za-z0-9]{20}"  # what invoice_public_id_new makes (URLs and the API accept only this)
+_PUBLIC_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def invoice_public_id_new() -> str:
+    """A random public id (`inv_` + 20 letters and digits, 119 bits): tenants never see the row's sequential id."""
+    return PUBLIC_ID_PREFIX + "".join(secrets.choice(_PUBLIC_ID_ALPHABET) for _ in range(20))
 
 
 class Invoice(models.Model):
@@ -32,6 +46,8 @@ class Invoice(models.Model):
         INVOICE = "invoice", "Invoice"
         CREDIT_NOTE = "credit_note", "Credit note"
 
+    public_id = models.CharField(max_length=32, unique=True, default=invoice_public_id_new, editable=False,
+                                 help_text="The invoice's id in URLs and the API")
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="invoices")
     kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.INVOICE)
     corrects = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="credit_notes")

@@ -8,6 +8,7 @@ small (31 rows per group instead of 744).
 
 from django.db import models
 
+from billing.models.femtos import FemtosField
 from tenants.models import ApiKey, Tenant
 
 
@@ -22,10 +23,10 @@ class UsageFigures(models.Model):
     input_tokens = models.BigIntegerField(default=0, help_text="Uncached prompt tokens")
     cached_input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
-    input_cost_femtos = models.BigIntegerField(default=0)
-    cached_input_cost_femtos = models.BigIntegerField(default=0)
-    output_cost_femtos = models.BigIntegerField(default=0)
-    cost_femtos = models.BigIntegerField(default=0)
+    input_cost_femtos = FemtosField(default=0)
+    cached_input_cost_femtos = FemtosField(default=0)
+    output_cost_femtos = FemtosField(default=0)
+    cost_femtos = FemtosField(default=0)
 
     class Meta:
         abstract = True

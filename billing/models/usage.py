@@ -13,6 +13,7 @@ the model moved here with billing, its rows did not move.
 from django.db import models
 from django.utils import timezone
 
+from billing.models.femtos import FemtosField
 from billing.models.prices import Price
 from billing.money import Cost
 from tenants.models import ApiKey, Tenant
@@ -50,11 +51,11 @@ class UsageRecord(models.Model):
         help_text="The price version this record was billed at; empty for an unpriced model",
     )
     price_multiplier = models.DecimalField(max_digits=6, decimal_places=3, default=1)
-    # femto-dollars (1e-15 USD), exact; cost_femtos is their sum
-    input_cost_femtos = models.BigIntegerField(default=0, help_text="Uncached prompt tokens, femto-USD")
-    cached_input_cost_femtos = models.BigIntegerField(default=0, help_text="Cached prompt tokens, femto-USD")
-    output_cost_femtos = models.BigIntegerField(default=0, help_text="Completion tokens, femto-USD")
-    cost_femtos = models.BigIntegerField(default=0, help_text="Total, femto-USD (1e-15 USD)")
+    # femto-dollars (1e-15 USD), exact, up to 38 digits (billing.models.femtos); cost_femtos is their sum
+    input_cost_femtos = FemtosField(default=0, help_text="Uncached prompt tokens, femto-USD")
+    cached_input_cost_femtos = FemtosField(default=0, help_text="Cached prompt tokens, femto-USD")
+    output_cost_femtos = FemtosField(default=0, help_text="Completion tokens, femto-USD")
+    cost_femtos = FemtosField(default=0, help_text="Total, femto-USD (1e-15 USD)")
 
     class Meta:
         db_table = "tenants_usagerecord"

@@ -16,10 +16,25 @@ records and read after, so the counters' round trip overlaps the insert's)
 and `admission_settle_records` (the spool's retries, the reaper) settle each
 request's reservation to what it used; `admission_release` gives back a
 reservation whose request never reached a worker.
+
+Between admission and the queue a reservation is held on a lease of
+ADMISSION_LEASE_S seconds, renewed by the web process (`AdmissionLease`)
+until the job is queued (`aadmission_confirm`), then up to ADMISSION_HOLD_S as
+before: a web process killed in between stops renewing, its request's
+concurrency slots are free within ADMISSION_LEASE_S, and the stale sweep
+gives back the rest (billing.admission.base).
+
+A refused request that reached no reservation (an oversize or malformed
+body) still counts one request against the requests-per-minute limits of its
+tenant and key (`aadmission_count_request`): no tokenizing, one backend call.
+
+Months: quota and budget counters count a request in the month its usage
+record is dated (`created_at`), as invoices do: the rule is in billing.periods.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,8 +47,8 @@ from django.conf import settings
 from billing.admission import AdmissionUnavailable, get_admission_backend
 from billing.admission.base import QUOTA, REQUESTS, SPEND, TOKENS, Actual, Bucket, Counter, Plan, Slot
 from billing.admission.headers import quota_message, rate_message, ratelimit_headers, retry_after_headers
-from billing.periods import Period, month_containing
-from tenants.services.limits import ScopeLimits, key_limits, tenant_limits
+from billing.periods import Period, month_containing, period_after
+from tenants.services.limits import ScopeLimits, key_scopes, tenant_limits
 from common.errors import InsufficientQuota, RateLimited, ServiceUnavailable
 from common.outage import Outage
 from common.live_counts import REFUSALS, count_event
@@ -49,6 +64,7 @@ class Admission:
     request_id: str
     reserved: bool = False  # holds a reservation the worker settles
     headers: dict[str, str] = field(default_factory=dict)
+    leased: bool = False  # held on the pre-enqueue lease until `aadmission_confirm`
 
 
 # ---------------------------------------------------------------- periods
@@ -81,6 +97,7 @@ def plan_build(*, backend, request_id: str, scopes: list[ScopeLimits], prompt_to
     now = now or datetime.now(dt_timezone.utc)
     tokens = prompt_tokens + max_tokens
     ttl = max(1, int((period.end - now).total_seconds()) + COUNTER_MARGIN_S)
+    following = _period_after(period)
     buckets, slots, counters = [], [], []
     for limits in scopes:
         if limits.requests_per_minute:
@@ -91,12 +108,27 @@ def plan_build(*, backend, request_id: str, scopes: list[ScopeLimits], prompt_to
             slots.append(Slot(backend.key("cc", limits.scope), limits.max_concurrent_requests))
         if limits.monthly_token_quota:
             counters.append(Counter(backend.key("q", limits.scope, period.label, QUOTA), QUOTA,
-                                    limits.monthly_token_quota, tokens, ttl))
+                                    limits.monthly_token_quota, tokens, ttl,
+                                    next_key=backend.key("q", limits.scope, following.label, QUOTA)))
         if limits.monthly_spend_limit_micros and spend_nanos is not None:
             counters.append(Counter(backend.key("q", limits.scope, period.label, SPEND), SPEND,
-                                    limits.monthly_spend_limit_micros * 1000, spend_nanos, ttl))
+                                    limits.monthly_spend_limit_micros * 1000, spend_nanos, ttl,
+                                    next_key=backend.key("q", limits.scope, following.label, SPEND)))
     return Plan(request_id=request_id, buckets=tuple(buckets), slots=tuple(slots), counters=tuple(counters),
-                hold_s=settings.ADMISSION_HOLD_S)
+                hold_s=settings.ADMISSION_HOLD_S, lease_s=settings.ADMISSION_LEASE_S,
+                period_end=period.end.timestamp())
+
+
+_following: dict[Period, Period] = {}  # a period -> the next one (a few per zone and month)
+
+
+def _period_after(period: Period) -> Period:
+    following = _following.get(period)
+    if following is None:
+        if len(_following) > 4096:
+            _following.clear()
+        following = _following[period] = period_after(period)
+    return following
 
 
 async def _pricing_snapshot():
@@ -132,6 +164,8 @@ _SCOPE_AT = {
 
 def _scope_label(scope: str, *, tenant, api_key) -> str:
     if scope.startswith("k") and api_key is not None:
+        if scope != f"k{api_key.pk}":  # a creator's ceiling, which the keys it made share (limits.key_scopes)
+            return f"API key {api_key.redacted} (a limit it shares with the key that created it)"
         return f"API key {api_key.redacted}"
     return f"tenant {tenant.slug}"
 
@@ -141,10 +175,7 @@ async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens
     if not settings.ADMISSION_ENABLED:
         return Admission(request_id=request_id)
     tenant, api_key = auth.tenant, auth.api_key
-    scopes = [tenant_limits(tenant=tenant, tier=auth.tier)]
-    own = key_limits(api_key=api_key)
-    if own is not None:
-        scopes.append(own)
+    scopes = [tenant_limits(tenant=tenant, tier=auth.tier), *key_scopes(api_key=api_key)]
     spend_nanos = None
     if any(limits.monthly_spend_limit_micros for limits in scopes):
         spend_nanos = _worst_case_nanos(model=model, tier=auth.tier.name, prompt_tokens=prompt_tokens,
@@ -168,7 +199,8 @@ async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens
         raise _unavailable(exc) from exc
     _counters_outage.ok()
     if decision.admitted:
-        return Admission(request_id=request_id, reserved=True, headers=ratelimit_headers(decision.buckets))
+        return Admission(request_id=request_id, reserved=True, headers=ratelimit_headers(decision.buckets),
+                         leased=plan.lease_s > 0)
     refusal = decision.refusal
     count_event(REFUSALS, refusal.kind)
     label = _scope_label(_SCOPE_AT[refusal.kind](refusal.key), tenant=tenant, api_key=api_key)
@@ -193,6 +225,98 @@ def _counters_rebuild(*, backend, keys: list[str], plan: Plan, period: Period) -
     ttls = {counter.key: counter.ttl_s for counter in plan.counters}
     for key in keys:
         counter_rebuild(backend=backend, key=key, start=period.start, end=period.end, ttl_s=ttls[key])
+
+
+class AdmissionLease:
+    """The web side of the pre-enqueue lease: renews it every third of ADMISSION_LEASE_S while the request is
+    in this process's hands before it is queued (`async with AdmissionLease(admission):` around the enqueue).
+
+    The renewal is a background task that sleeps first: an enqueue takes milliseconds, so normally it never
+    renews at all and costs one task. If this process dies, nothing renews: the request's concurrency slots
+    are free once the lease runs out, and the stale sweep gives back its quota and budget.
+    """
+
+    def __init__(self, admission: Admission | None) -> None:
+        self.admission = admission
+        self._task = None
+
+    async def __aenter__(self) -> "AdmissionLease":
+        if self.admission is not None and self.admission.leased:
+            self._task = asyncio.create_task(self._renew(self.admission.request_id))
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    @staticmethod
+    async def _renew(request_id: str) -> None:
+        lease_s = float(settings.ADMISSION_LEASE_S)
+        backend = get_admission_backend()
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            try:
+                if not await backend.aextend([request_id], lease_s):
+                    logger.warning("the admission lease of %s ran out before its job was queued", request_id)
+                    return
+            except AdmissionUnavailable as exc:
+                _counters_outage.failed(exc)
+
+
+_confirmations: set = set()  # the confirmations in flight (the event loop keeps only weak references to tasks)
+
+
+async def aadmission_confirm(*, admission: Admission | None, wait: bool = False) -> None:
+    """The request's job is on the queue: end its pre-enqueue lease, hold its reservation up to ADMISSION_HOLD_S
+    (the worker or the reaper settles it). Sent to Redis in the background unless `wait`: nothing the client
+    waits for depends on it, and it has the lease's seconds to land."""
+    if admission is None or not admission.leased:
+        return
+    admission.leased = False
+    if wait or get_admission_backend().in_process:
+        await _confirm(admission.request_id)
+        return
+    task = asyncio.create_task(_confirm(admission.request_id))
+    _confirmations.add(task)
+    task.add_done_callback(_confirmations.discard)
+
+
+async def _confirm(request_id: str) -> None:
+    backend = get_admission_backend()
+    for attempt in range(3):
+        try:
+            if not await backend.aconfirm(request_id):  # settled already (a request that ended at once), or
+                # its lease ran out before the enqueue and the sweep released it: the worker's settlement of
+                # it finds nothing, and its usage counts from the next rebuild of the counters
+                logger.info("no reservation of %s left to confirm", request_id)
+            return
+        except AdmissionUnavailable as exc:
+            _counters_outage.failed(exc)
+            await asyncio.sleep(0.2 * (attempt + 1))
+
+
+async def aadmission_count_request(*, auth, request_id: str) -> dict[str, str]:
+    """Count one request against the requests-per-minute limits of the tenant and key, reserving nothing (a
+    request refused for its body, before it reached admission); its `x-ratelimit-*-requests` headers when it
+    fit. Never raises: a bucket already empty, or unreachable counters, count nothing."""
+    if not settings.ADMISSION_ENABLED:
+        return {}
+    scopes = [tenant_limits(tenant=auth.tenant, tier=auth.tier), *key_scopes(api_key=auth.api_key)]
+    backend = get_admission_backend()
+    buckets = tuple(Bucket(backend.key("rb", limits.scope, REQUESTS), REQUESTS, limits.requests_per_minute, 1)
+                    for limits in scopes if limits.requests_per_minute)
+    if not buckets:
+        return {}
+    try:
+        decision = await backend.aadmit(Plan(request_id=request_id, buckets=buckets, count_only=True))
+    except AdmissionUnavailable as exc:
+        _counters_outage.failed(exc)
+        return {}
+    return ratelimit_headers(decision.buckets) if decision.admitted else {}
 
 
 async def aadmission_release(*, admission: Admission | None) -> None:
@@ -270,7 +394,8 @@ def _alert_enqueue(**alert) -> None:
 
 
 def reservations_release_stale() -> int:
-    """Settle reservations older than the longest request: to their usage record if one exists, else to nothing."""
+    """Settle reservations older than the longest request, or whose pre-enqueue lease ran out (their web process
+    died before the queue): to their usage record if one exists, else to nothing."""
     from billing.models import UsageRecord
 
     backend = get_admission_backend()
@@ -279,7 +404,7 @@ def reservations_release_stale() -> int:
         return 0
     records = {r["request_id"]: r for r in UsageRecord.objects.filter(request_id__in=stale).values(
         "request_id", "model", "tier", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason",
-        "admitted_at")}
+        "admitted_at", "created_at")}
     settled = [records.get(rid, {"request_id": rid}) for rid in stale]
     found = [r for r in settled if "model" in r]
     admission_settle_records(found)

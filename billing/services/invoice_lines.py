@@ -18,6 +18,7 @@ from decimal import Decimal
 from django.db.models import F, Sum
 
 from billing.models import Adjustment, InvoiceLine, Price, UsageRecord
+from billing.models.femtos import FemtoSum
 from billing.money import cents_round, femtos_to_usd
 from tenants.models import Tenant
 
@@ -68,13 +69,14 @@ def _plain(value: Decimal) -> str:
 
 def usage_line_drafts(*, tenant: Tenant, start: datetime, end: datetime) -> list[LineDraft]:
     groups = list(
-        UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end, cost_femtos__gt=0)
+        UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end)
+        .exclude(cost_femtos=0)  # (a cost is never negative)
         .order_by()
         .values("model", "price_id", "price_multiplier")
         .annotate(
             input_tokens=Sum(F("prompt_tokens") - F("cached_tokens")), cached_tokens=Sum("cached_tokens"),
-            output_tokens=Sum("completion_tokens"), input_femtos=Sum("input_cost_femtos"),
-            cached_femtos=Sum("cached_input_cost_femtos"), output_femtos=Sum("output_cost_femtos"),
+            output_tokens=Sum("completion_tokens"), input_femtos=FemtoSum("input_cost_femtos"),
+            cached_femtos=FemtoSum("cached_input_cost_femtos"), output_femtos=FemtoSum("output_cost_femtos"),
         )
     )
     prices = Price.objects.in_bulk({group["price_id"] for group in groups})

@@ -1,18 +1,24 @@
-"""Price versions: added, never edited (a new `effective_from` supersedes the last)."""
+"""Price versions: added, never edited (a new `effective_from` supersedes the last), retired when set by mistake.
+
+Every way of setting a price (`manage.py price_set`, the admin, any future API)
+goes through `price_create`, which checks each amount with the model's
+`clean()` (billing.money.price_check: finite, 0 to MAX_PRICE_PER_MILLION, at
+most 6 decimal places) before anything is written.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Price
-from billing.money import per_million_to_picos
-from billing.services.price_cache import ttl_s
+from billing.models.prices import PRICE_FIELDS
+from billing.services.price_cache import price_cache_clear, ttl_s
 
 # The demo model's list price, USD per 1M tokens (cached input at half the input price).
 DEFAULT_PRICES: dict[str, tuple[str, str, str]] = {
@@ -20,17 +26,6 @@ DEFAULT_PRICES: dict[str, tuple[str, str, str]] = {
 }
 # Before any request could have been served: the first price covers everything.
 EPOCH = datetime(2000, 1, 1, tzinfo=dt_timezone.utc)
-
-
-def _price(value: Decimal | str | int, label: str) -> Decimal:
-    try:
-        price = Decimal(str(value))
-        per_million_to_picos(price)
-    except (InvalidOperation, ValueError) as exc:
-        raise ValidationError({label: f"a price in USD per 1M tokens with at most 6 decimal places, not {value!r}"}) from exc
-    if price < 0 or not price.is_finite():
-        raise ValidationError({label: "a price is a finite amount >= 0"})
-    return price
 
 
 def price_lead_time() -> timedelta:
@@ -81,13 +76,27 @@ def price_create(
     model = (model or "").strip()
     if not model:
         raise ValidationError({"model": "the served model's name is required"})
-    prices = {
-        "input_per_million": _price(input_per_million, "input_per_million"),
-        "cached_input_per_million": _price(cached_input_per_million, "cached_input_per_million"),
-        "output_per_million": _price(output_per_million, "output_per_million"),
-    }
-    effective_from = price_start_check(model=model, effective_from=effective_from, now=now, lock=True)
-    return Price.objects.create(model=model, effective_from=effective_from, created_by=created_by, note=note, **prices)
+    price = Price(model=model, input_per_million=input_per_million, cached_input_per_million=cached_input_per_million,
+                  output_per_million=output_per_million, created_by=created_by, note=note)
+    missing = {name: "a price is required" for name in PRICE_FIELDS if getattr(price, name) in (None, "")}
+    if missing:
+        raise ValidationError(missing)
+    price.clean()  # the amounts (billing.money.price_check)
+    price.effective_from = price_start_check(model=model, effective_from=effective_from, now=now, lock=True)
+    price.save()
+    return price
+
+
+@transaction.atomic
+def price_retire(*, price: Price, retired_by=None, now: datetime | None = None) -> bool:
+    """Retire a price version (False: it already was). Nothing is deleted or rewritten: the row and the
+    records it priced stay; from the next price load on (within the price cache's TTL in every process)
+    it prices nothing, and the version before it, if any, applies again. A row that failed to load
+    (billing.services.price_cache) is retired the same way."""
+    retired = Price.objects.filter(pk=price.pk, retired_at__isnull=True).update(
+        retired_at=now or timezone.now(), retired_by=retired_by)
+    transaction.on_commit(price_cache_clear)
+    return bool(retired)
 
 
 def prices_bootstrap_defaults() -> list[Price]:

@@ -27,6 +27,7 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
+from billing.models.femtos import FemtoSum
 from billing.services.latency_rollups import daily_latency_refill
 
 ROLLUP = "hourly_usage"
@@ -40,13 +41,19 @@ SUMS = {
     "input_tokens": Sum(F("prompt_tokens") - F("cached_tokens")),
     "cached_input_tokens": Sum("cached_tokens"),
     "output_tokens": Sum("completion_tokens"),
-    "input_cost_femtos": Sum("input_cost_femtos"),
-    "cached_input_cost_femtos": Sum("cached_input_cost_femtos"),
-    "output_cost_femtos": Sum("output_cost_femtos"),
-    "cost_femtos": Sum("cost_femtos"),
+    "input_cost_femtos": FemtoSum("input_cost_femtos"),  # exact whatever the total (billing.models.femtos)
+    "cached_input_cost_femtos": FemtoSum("cached_input_cost_femtos"),
+    "output_cost_femtos": FemtoSum("output_cost_femtos"),
+    "cost_femtos": FemtoSum("cost_femtos"),
 }
 DIMENSIONS = ("tenant_id", "api_key_id", "model", "tier")
 FIGURES = tuple(SUMS)
+MONEY = frozenset(name for name, total in SUMS.items() if isinstance(total, FemtoSum))
+
+
+def figure_sum(name: str):
+    """The SUM of a rollup column `name` (FemtoSum for the money ones)."""
+    return FemtoSum(name) if name in MONEY else Sum(name)
 
 
 def hour_floor(instant: datetime) -> datetime:
@@ -100,7 +107,7 @@ def _refill(start: datetime, end: datetime, closed_until: datetime) -> int:
 def _refill_day(day: datetime) -> None:
     DailyUsage.objects.filter(day=day).delete()
     grouped = (HourlyUsage.objects.filter(hour__gte=day, hour__lt=day + DAY).order_by()
-               .values(*DIMENSIONS).annotate(**{name: Sum(name) for name in FIGURES}))
+               .values(*DIMENSIONS).annotate(**{name: figure_sum(name) for name in FIGURES}))
     DailyUsage.objects.bulk_create([DailyUsage(day=day, **row) for row in grouped], batch_size=2000)
 
 

@@ -13,7 +13,11 @@
   leaves its record without the key, in the same statement (no SELECT first).
 - `ON CONFLICT (request_id) DO NOTHING`: the first write of a request wins.
 - Values go in as the ORM would store them (`connection.ops` adapts the
-  datetimes: aware ISO-8601 on PostgreSQL, naive UTC text on SQLite).
+  datetimes: aware ISO-8601 on PostgreSQL, naive UTC text on SQLite). The
+  femto-dollar amounts go in as JSON strings of their digits: a JSON number
+  past 64 bits would reach SQLite's json_extract as a REAL (rounded);
+  PostgreSQL reads the string into the NUMERIC column, SQLite keeps it as the
+  column's decimal text (billing.models.femtos).
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ from django.db import connection, models
 from django.utils import timezone
 
 from billing.models import UsageRecord
+from billing.models.femtos import FemtosField
 from tenants.models import ApiKey
 
 _FIELDS = [field for field in UsageRecord._meta.concrete_fields if not field.primary_key]
 _PLAIN = tuple((field.column, field.attname) for field in _FIELDS
-               if not isinstance(field, (models.DateTimeField, models.DecimalField)))
+               if not isinstance(field, (models.DateTimeField, models.DecimalField, FemtosField)))
 _DATETIMES = tuple((field.column, field.attname) for field in _FIELDS
                    if isinstance(field, models.DateTimeField) and field.attname != "created_at")
 _DECIMALS = tuple((field.column, field.attname) for field in _FIELDS if isinstance(field, models.DecimalField))
+_FEMTOS = tuple((field.column, field.attname, field) for field in _FIELDS if isinstance(field, FemtosField))
 _sql: dict[str, str] = {}
 
 
@@ -75,6 +81,8 @@ def usage_insert_param(rows: list[dict[str, Any]]) -> str:
             item[column] = _datetime(row[attname])
         for column, attname in _DECIMALS:
             item[column] = str(row[attname])
+        for column, attname, field in _FEMTOS:
+            item[column] = str(field.get_db_prep_value(row[attname], connection))  # checked: 0 to its maximum
         created_at = row.get("created_at")
         item["created_at"] = _datetime(created_at) if created_at is not None else now
         items.append(item)

@@ -1,5 +1,6 @@
 """The operator console's figures: the fleet and its queues (heartbeats, depths), traffic, errors,
-refusals, time to first token, revenue and the top tenants by spend.
+refusals, time to first token, and (for users with dashboard.view_revenue) revenue and the top
+tenants by spend.
 
 Revenue reads billing's rollups (days before the rollup's filled day, then
 its hours) and the records after the rollup's end, so it is the ledger's
@@ -14,10 +15,10 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
 from django.db import connection
-from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
+from billing.models.femtos import FemtoSum
 from billing.money import usd_str
 from billing.services.latency_rollups import PercentileCont, percentile_cont
 from billing.services.rollups import ROLLUP
@@ -47,7 +48,7 @@ def spend_by_tenant(*, start: datetime, end: datetime) -> dict[int, int]:
         UsageRecord.objects.filter(created_at__gte=split, created_at__lt=end),
     ]
     for rows in sources:
-        for tenant_id, cost in rows.order_by().values("tenant_id").annotate(cost=Sum("cost_femtos")).values_list(
+        for tenant_id, cost in rows.order_by().values("tenant_id").annotate(cost=FemtoSum("cost_femtos")).values_list(
                 "tenant_id", "cost"):
             totals[tenant_id] += int(cost or 0)
     return dict(totals)
@@ -88,21 +89,17 @@ def _ttft_last_hour(since: datetime) -> dict:
     return {"p50_s": None if p50 is None else round(p50, 4), "p95_s": None if p95 is None else round(p95, 4)}
 
 
-def console_summary(*, now: datetime | None = None) -> dict:
-    """Everything the console shows, JSON-ready (money as exact decimal strings of USD)."""
+def console_summary(*, now: datetime | None = None, revenue: bool = True) -> dict:
+    """Everything the console shows, JSON-ready (money as exact decimal strings of USD); without `revenue`
+    (a user lacking dashboard.view_revenue) no revenue figure or tenant's spend is read or returned."""
     now = now or timezone.now()
     hour_ago = now - timedelta(hours=1)
-    month_start = _day_floor(now).replace(day=1)
-    month = spend_by_tenant(start=month_start, end=now)
-    today = spend_by_tenant(start=_day_floor(now), end=now)
-    top_ids = sorted(month, key=lambda tenant_id: -month[tenant_id])[:TOP_TENANTS]
-    names = dict(Tenant.objects.filter(pk__in=top_ids).values_list("pk", "slug"))
     recent = UsageRecord.objects.filter(created_at__gte=now - timedelta(seconds=RATE_WINDOW_S)).count()
     errors = event_counts(ERRORS)
     worker_errors = UsageRecord.objects.filter(created_at__gte=hour_ago, finish_reason="error").count()
     if worker_errors:
         errors["worker error (usage records)"] = worker_errors
-    return {
+    summary = {
         "at": now.isoformat(),
         "workers": _workers(time.time()),
         "queues": _queues(),
@@ -110,6 +107,19 @@ def console_summary(*, now: datetime | None = None) -> dict:
         "errors_by_code": dict(sorted(errors.items())),
         "refusals_by_kind": dict(sorted(event_counts(REFUSALS).items())),
         "ttft_last_hour": _ttft_last_hour(hour_ago),
+    }
+    if revenue:
+        summary.update(_revenue(now))
+    return summary
+
+
+def _revenue(now: datetime) -> dict:
+    month_start = _day_floor(now).replace(day=1)
+    month = spend_by_tenant(start=month_start, end=now)
+    today = spend_by_tenant(start=_day_floor(now), end=now)
+    top_ids = sorted(month, key=lambda tenant_id: -month[tenant_id])[:TOP_TENANTS]
+    names = dict(Tenant.objects.filter(pk__in=top_ids).values_list("pk", "slug"))
+    return {
         "revenue_today_usd": usd_str(sum(today.values())),
         "revenue_month_usd": usd_str(sum(month.values())),
         "top_tenants": [{"tenant_id": tenant_id, "slug": names.get(tenant_id, str(tenant_id)),

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import date, datetime
 from decimal import Decimal
 
 from django.utils import timezone
@@ -27,6 +27,7 @@ class Overview:
     quota_used: int  # tokens, as admission counts them (billing.services.admission_ledger)
     budget_used_nanos: int  # nano-USD, as admission counts them
     limits: list[LimitSource]
+    by_day: dict[date, dict[str, int]] = field(default_factory=dict)  # the period's days so far (the chart)
 
     @property
     def spend_usd(self) -> Decimal:
@@ -61,7 +62,8 @@ def overview_get(*, tenant: Tenant, now: datetime | None = None) -> Overview:
     now = now or timezone.now()
     period = month_containing(instant=now, tz=tenant.timezone)
     days = days_between(first=period.month, last=today_in(tenant.timezone, now), tz=tenant.timezone)
-    totals = usage_totals(usage_by_day(tenant=tenant, days=days))
+    by_day = usage_by_day(tenant=tenant, days=days)
+    totals = usage_totals(by_day)
     used = ledger_totals(scope=f"t{tenant.pk}", start=period.start, end=period.end)  # what admission counts
     return Overview(period=period, totals=totals, quota_used=used[QUOTA], budget_used_nanos=used[SPEND],
-                    limits=limits_explain(tenant=tenant))
+                    limits=limits_explain(tenant=tenant), by_day=by_day)

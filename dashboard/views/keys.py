@@ -21,7 +21,9 @@ from dashboard.forms import ApiKeyCreateForm, BudgetAlertsForm, BudgetForm
 from dashboard.views.access import membership_or_404, require
 from tenants.selectors import api_key_get, api_key_list, api_key_status
 from tenants.services.api_keys import api_key_create, api_key_revoke
-from tenants.services.limits import budget_alert_percents_set, limits_explain, limits_set
+from tenants.services.limits import (
+    budget_alert_percents_set, limits_explain, limits_set, owner_budget_set, tenant_budget_micros,
+)
 
 
 def _keys_page(request, membership, form, created=None):
@@ -79,25 +81,28 @@ def key_revoke(request, slug: str, key_id: str):
 
 @login_required
 def tenant_settings(request, slug: str):
-    """The tenant's limits (everyone reads them); its monthly budget (owners change it)."""
+    """The tenant's limits (everyone reads them); its owners' own monthly budget (owners change it). The
+    operator's cap is shown, never changed here: the lower of the two applies."""
     membership = membership_or_404(request, slug)
     tenant = membership.tenant
-    form = BudgetForm(initial={"monthly_budget_usd": _budget_usd(tenant)})
+    form = BudgetForm(initial={"monthly_budget_usd": _usd(tenant.owner_spend_limit_micros)})
     if request.method == "POST":
         require(membership.can_manage_settings)
         form = BudgetForm(request.POST)
         if form.is_valid():
             budget = form.cleaned_data.get("monthly_budget_usd") or 0
-            limits_set(tenant=tenant, values={"monthly_spend_limit_micros": int(budget * 1_000_000)})
+            owner_budget_set(tenant=tenant, micros=int(budget * 1_000_000))
             messages.success(request, "Budget saved.")
             return redirect("dashboard:settings", slug=slug)
     return _settings_page(request, membership, form, _alerts_form(tenant))
 
 
-def _budget_usd(tenant) -> Decimal | None:
-    """The tenant's monthly budget in USD, exact (None: no budget)."""
-    micros = tenant.monthly_spend_limit_micros
-    return Decimal(micros).scaleb(-6) if micros else None
+def _usd(micros: int) -> Decimal | None:
+    """Micro-dollars in USD, exact and without trailing zeros: 2500000 -> 2.5 (None: 0, no budget)."""
+    if not micros:
+        return None
+    usd = Decimal(micros).scaleb(-6)
+    return usd.quantize(Decimal(1)) if usd == usd.to_integral_value() else usd.normalize()
 
 
 def _alerts_form(tenant) -> BudgetAlertsForm:
@@ -109,6 +114,9 @@ def _settings_page(request, membership, form, alerts_form):
     return render(request, "dashboard/settings.html", {
         "membership": membership, "tenant": tenant, "page": "settings", "form": form, "alerts_form": alerts_form,
         "limits": limits_explain(tenant=tenant), "platform_alert_percents": settings.BUDGET_ALERT_PERCENTS,
+        "operator_budget_usd": _usd(tenant.monthly_spend_limit_micros),
+        "owner_budget_usd": _usd(tenant.owner_spend_limit_micros),
+        "budget_usd": _usd(tenant_budget_micros(tenant=tenant)),
     })
 
 
@@ -120,7 +128,7 @@ def budget_alerts(request, slug: str):
     require(membership.can_manage_settings)
     form = BudgetAlertsForm(request.POST)
     if not form.is_valid():
-        budget = BudgetForm(initial={"monthly_budget_usd": _budget_usd(membership.tenant)})
+        budget = BudgetForm(initial={"monthly_budget_usd": _usd(membership.tenant.owner_spend_limit_micros)})
         return _settings_page(request, membership, budget, form)
     budget_alert_percents_set(tenant=membership.tenant, percents=form.cleaned_data["alert_percents"])
     alert_percents_forget()

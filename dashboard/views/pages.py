@@ -13,9 +13,11 @@ from billing.money import usd_str
 from billing.selectors import invoices_of
 from dashboard.charts import usage_charts
 from dashboard.forms import UsageFilterForm
+from dashboard.overview_visuals import allowance_bars, overview_chart_spec
 from dashboard.selectors.days import days_between, today_in
 from dashboard.selectors.overview import overview_get
 from dashboard.selectors.usage import latency_by_day, models_used, usage_by_day
+from dashboard.usage_table import usage_table_rows
 from dashboard.views.access import membership_or_404
 from tenants.selectors import api_key_list, memberships_of
 
@@ -49,7 +51,8 @@ def overview(request, slug: str):
     }
     return render(request, "dashboard/overview.html", {
         "membership": membership, "tenant": membership.tenant, "page": "overview", "overview": figures,
-        "overview_data": data,
+        "overview_data": data, "overview_chart": overview_chart_spec(figures),
+        "allowance_bars": allowance_bars(overview=figures, tenant=membership.tenant),
     })
 
 
@@ -90,6 +93,7 @@ def usage(request, slug: str):
     return render(request, "dashboard/usage.html", {
         "membership": membership, "tenant": membership.tenant, "page": "usage", "form": form, "usage": data,
         "charts": usage_charts(data["days"]) if data else None, "query": request.GET.urlencode(),
+        "usage_table": usage_table_rows(data["days"]) if data else None,
     })
 
 
@@ -121,9 +125,9 @@ def invoices(request, slug: str):
 
 
 @login_required
-def invoice_detail(request, slug: str, invoice_id: int):
+def invoice_detail(request, slug: str, invoice_id: str):
     membership = membership_or_404(request, slug)
-    invoice = invoices_of(tenant=membership.tenant).filter(pk=invoice_id).first()
+    invoice = invoices_of(tenant=membership.tenant).filter(public_id=invoice_id).first()
     if invoice is None:
         raise Http404("No such invoice")
     return render(request, "dashboard/invoice_detail.html", {

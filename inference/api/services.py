@@ -179,6 +179,23 @@ async def arequest_prepare(*, auth, request: ApiRequest, request_id: str | None 
     )
 
 
+# Refusals of what a request's body holds (invalid JSON, too large, invalid parameters, unknown model, too long
+# a prompt): each counts one request against the key's requests per minute, as an admitted one would.
+BODY_REFUSAL_STATUSES = frozenset({400, 404, 413})
+
+
+async def arequest_refused_count(*, auth, request_id: str, error: ApiError) -> None:
+    """Count a request refused for its body against the requests-per-minute limits of its tenant and key (one
+    backend call, no tokenizing): a client cannot send bad or oversize bodies for free. The error gets the
+    `x-ratelimit-*-requests` headers of the count."""
+    if error.status_code not in BODY_REFUSAL_STATUSES:
+        return
+    from billing.services.admission import aadmission_count_request
+
+    headers = await aadmission_count_request(auth=auth, request_id=request_id)
+    error.headers = {**headers, **error.headers}
+
+
 def job_build(*, prepared: PreparedRequest, reply_channel: str):
     from inference.queue.job import Job
 
@@ -265,10 +282,13 @@ async def _live_workers_recheck(model: str) -> None:
 
 async def ajob_submit(*, prepared: PreparedRequest):
     """Check capacity, admit (limits, quota, budget) and enqueue; returns the JobRun to read events
-    from (use `async with`). A request that is admitted but not queued gives its reservation back."""
+    from (use `async with`). A request that is admitted but not queued gives its reservation back; one
+    whose process dies between the two leaves nothing held past ADMISSION_LEASE_S (billing.admission)."""
     from billing.services.admission import aadmission_reserve
+    from billing.services.price_cache import aprice_in_force_check
 
     try:
+        await aprice_in_force_check(model=prepared.model.name)  # a model whose price cannot be read: 503
         await _capacity_check(prepared.model.name)
         prepared.admission = await aadmission_reserve(
             auth=prepared.auth, request_id=prepared.request_id, model=prepared.model.name,
@@ -277,8 +297,11 @@ async def ajob_submit(*, prepared: PreparedRequest):
     except ApiError as exc:
         refusal_count(model=prepared.model.name, tier=prepared.auth.tier.name, code=exc.code)
         raise
+    from billing.services.admission import AdmissionLease, aadmission_confirm
+
     try:
-        return await _enqueue(prepared)
+        async with AdmissionLease(prepared.admission):  # renewed while in this process's hands
+            run = await _enqueue(prepared)
     except BaseException as exc:
         from billing.services.admission import aadmission_release
 
@@ -286,6 +309,8 @@ async def ajob_submit(*, prepared: PreparedRequest):
             refusal_count(model=prepared.model.name, tier=prepared.auth.tier.name, code=exc.code)
         await asyncio.shield(aadmission_release(admission=prepared.admission))
         raise
+    await aadmission_confirm(admission=prepared.admission)  # on the queue: held until the worker settles it
+    return run
 
 
 async def _enqueue(prepared: PreparedRequest):

@@ -31,11 +31,14 @@ from django.views.decorators.csrf import csrf_exempt
 
 from common.errors import ApiError, InvalidRequest, ServiceUnavailable, count_error, error_body, error_json_response
 from common.outage import Outage, connection_lost
+from common.request_body import REFUSED_SCOPE_KEY
 from inference.api.events import JobRun, job_chunks
 from inference.api.parsing import json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
 from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse
-from inference.api.services import PreparedRequest, ajob_submit, arequest_prepare, request_id_new
+from inference.api.services import (
+    PreparedRequest, ajob_submit, arequest_prepare, arequest_refused_count, request_id_new,
+)
 from tenants.services.api_keys import aapi_key_authenticate
 
 logger = logging.getLogger(__name__)
@@ -69,6 +72,9 @@ async def _authenticate(request):
 
 
 def _body(request) -> dict:
+    refused = getattr(request, "scope", {}).get(REFUSED_SCOPE_KEY)  # common.request_body: never read
+    if refused is not None:
+        raise ApiError(f"The request body is too large (limit {refused} bytes).", status=413, code="request_too_large")
     try:
         raw = request.body
     except RequestDataTooBig:
@@ -126,8 +132,12 @@ async def _serve(request, endpoint: str) -> HttpResponse:
         if request.method != "POST":
             raise ApiError(f"Method {request.method} is not allowed; use POST.", status=405, code="method_not_allowed")
         auth = await _authenticate(request)
-        api_request = api_request_parse(endpoint=endpoint, body=_body(request))
-        prepared = await arequest_prepare(auth=auth, request=api_request, request_id=request_id)
+        try:
+            api_request = api_request_parse(endpoint=endpoint, body=_body(request))
+            prepared = await arequest_prepare(auth=auth, request=api_request, request_id=request_id)
+        except ApiError as exc:  # refused for its body: it still counts against the key's requests per minute
+            await arequest_refused_count(auth=auth, request_id=request_id, error=exc)
+            raise
         builder = response_builder(prepared=prepared)
         run = await ajob_submit(prepared=prepared)
         if api_request.stream:

@@ -13,6 +13,7 @@ _EXPORTS = {
     "EngineValidationError": "inference.engine.sampling_params",
     "PromptTooLongError": "inference.engine.sampling_params",
     "EngineDeadError": "inference.engine.step_isolation",
+    "KvCacheSizeError": "inference.engine.kv_sizing",
     "RequestOutput": "inference.engine.outputs",
     "Usage": "inference.engine.outputs",
     "Timing": "inference.engine.outputs",

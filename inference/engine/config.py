@@ -31,7 +31,15 @@ class EngineConfig:
     model: str = "smollm2-135m-instruct"
     device: str = "cpu"
     dtype: str = "bfloat16"
-    kv_cache_mb: int = 512  # KV cache budget; sets the number of blocks
+    # KV cache size (inference.engine.kv_sizing): kv_cache_mb wins; unset, kv_cache_fraction (None: 0.5 on the
+    # CPU, 0.9 on CUDA) of the memory free before the weights load (free_memory_mb when given, else read
+    # from the device), shared by workers_per_device processes, less the weights; the CPU default is
+    # capped at max_num_seqs x max_model_len tokens and 4 GiB. Too small for one max_model_len sequence:
+    # KvCacheSizeError at start.
+    kv_cache_mb: int | None = None
+    kv_cache_fraction: float | None = None
+    workers_per_device: int = 1
+    free_memory_mb: int | None = None
     block_size: int = 16
     max_num_seqs: int = 64  # cap on running sequences
     max_num_batched_tokens: int = 1024  # per-step token budget (decodes + prefill chunks)
@@ -64,6 +72,14 @@ class EngineConfig:
     # Batch-invariant mode: a request's tokens do not depend on the other requests of its steps
     # (inference.engine.invariant_mode); its cost is in BENCHMARKS.md.
     batch_invariant: bool = False
+    # CUDA: replay prompt and mixed steps (up to max_num_batched_tokens tokens) as piecewise CUDA graphs
+    # around eager attention, at a ladder of token counts captured at start-up (inference.engine.prefill_graphs);
+    # False runs them eagerly. Ignored on the CPU and in batch-invariant mode.
+    prefill_graphs: bool = True
+    # CUDA, compute capability 8.9+ (H100), bfloat16: the decoder's linear layers in fp8 E4M3 with per-channel
+    # scales (inference.engine.fp8_linear; fp8_lm_head: the LM head too). Opt-in: it changes the tokens.
+    fp8_weights: bool = False
+    fp8_lm_head: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -72,8 +88,14 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a positive power of two")
-        if self.kv_cache_mb <= 0:
+        if self.kv_cache_mb is not None and self.kv_cache_mb <= 0:
             raise ValueError("kv_cache_mb must be positive")
+        if self.kv_cache_fraction is not None and not 0 < self.kv_cache_fraction <= 1:
+            raise ValueError("kv_cache_fraction must be in (0, 1]")
+        if self.workers_per_device < 1:
+            raise ValueError("workers_per_device must be at least 1")
+        if self.free_memory_mb is not None and self.free_memory_mb <= 0:
+            raise ValueError("free_memory_mb must be positive")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be at least 2")
         if self.max_num_seqs < 1:
@@ -91,6 +113,8 @@ class EngineConfig:
         check_step_order(self.async_output, self.async_scheduling)
         if self.batch_invariant and self.dtype == "float16" and not self.device.startswith("cuda"):
             raise ValueError("batch_invariant on the CPU takes bfloat16 or float32 (its native matmul has no float16)")
+        if (self.fp8_weights or self.fp8_lm_head) and (self.batch_invariant or self.dtype != "bfloat16"):
+            raise ValueError("fp8_weights / fp8_lm_head take a bfloat16 model and no batch_invariant mode")
 
     @property
     def torch_dtype(self):

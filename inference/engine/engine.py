@@ -75,7 +75,7 @@ class Engine(StepFailures, AsyncSchedulingSteps):
     def __init__(self, config: EngineConfig, *, loaded=None) -> None:
         """`loaded`: an already loaded model (inference.engine.loader.LoadedModel) to share
         weights between engines, e.g. in tests; it must match config.model/dtype/device."""
-        from inference.engine.kv_cache import kv_bytes_per_block
+        from inference.engine.kv_sizing import engine_free_bytes, engine_kv_plan, weights_bytes
         from inference.engine.loader import load_model
 
         self.config = config
@@ -83,8 +83,11 @@ class Engine(StepFailures, AsyncSchedulingSteps):
             torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
         dtype = config.torch_dtype
+        free_bytes = engine_free_bytes(config, self.device)  # before the weights load (inference.engine.kv_sizing)
+        own_weights = 0  # weights loaded by someone else are already out of free_bytes
         if loaded is None:
             loaded = load_model(config.model, dtype=dtype, device=self.device)
+            own_weights = weights_bytes(loaded.model)
         elif loaded.dtype != dtype:
             raise ValueError(f"the loaded model is {loaded.dtype}, the config asks for {dtype}")
         self.loaded = loaded
@@ -92,9 +95,10 @@ class Engine(StepFailures, AsyncSchedulingSteps):
         self.tokenizer = loaded.tokenizer
         self.vocab_size = loaded.config.vocab_size
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.config.max_position_embeddings)
-        num_blocks = config.num_kv_blocks or (
-            config.kv_cache_mb * 2**20 // kv_bytes_per_block(loaded.config, config.block_size, dtype)
-        )
+        self.kv_plan = engine_kv_plan(config, loaded.config, device=self.device, dtype=dtype,
+                                      max_model_len=self.max_model_len, free_bytes=free_bytes, weights=own_weights)
+        num_blocks = self.kv_plan.num_blocks
+        logger.info("%s on %s: KV cache %s", config.model, self.device, self.kv_plan.describe())
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -105,10 +109,14 @@ class Engine(StepFailures, AsyncSchedulingSteps):
         self.runner = ModelRunner(loaded.model, loaded.config, num_blocks=num_blocks,
                                   block_size=config.block_size, dtype=dtype, device=self.device,
                                   max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                  cuda_graphs=config.cuda_graphs, batch_invariant=config.batch_invariant)
+                                  cuda_graphs=config.cuda_graphs, batch_invariant=config.batch_invariant,
+                                  prefill_graphs=config.prefill_graphs,
+                                  max_num_batched_tokens=config.max_num_batched_tokens,
+                                  fp8_weights=config.fp8_weights, fp8_lm_head=config.fp8_lm_head)
         # what decides this engine's tokens, hashed (OpenAI's system_fingerprint; inference.engine.fingerprint)
         self.system_fingerprint = system_fingerprint(weights=loaded.source.path, dtype=dtype, device=self.device,
-                                                     backend=get_ops(self.device).backend,
+                                                     backend=get_ops(self.device).backend
+                                                     + "+fp8" * config.fp8_weights + "+fp8_head" * config.fp8_lm_head,
                                                      batch_invariant=config.batch_invariant)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.sampler = Sampler(eos_token_id=self.eos_token_id, seed=config.seed, per_row=config.batch_invariant)
@@ -380,6 +388,8 @@ class Engine(StepFailures, AsyncSchedulingSteps):
             "waiting": len(self.scheduler.waiting),
             "kv_usage": bm.usage,
             "num_blocks": bm.num_blocks,
+            "kv_cache_bytes": self.kv_plan.bytes,
+            "kv_cache_tokens": self.kv_plan.tokens,
             "free_blocks": bm.num_free_blocks,
             "cached_blocks": bm.num_cached_blocks,
             "prefix_cache_hit_rate": bm.hit_rate,

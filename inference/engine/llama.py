@@ -8,7 +8,11 @@ only holds weights and runs the matmuls. Q/K/V and gate/up are fused into one
 Linear each, so a layer is four matmuls. Submodules are called through
 `.forward` directly: the model uses no hooks, and skipping nn.Module.__call__
 saves ~300 Python calls per decode step. Those Linears may also carry a packed
-4-bit copy of their weight for few-row (decode) inputs; see packed_linear.
+4-bit copy of their weight for few-row (decode) inputs; see packed_linear. On
+CUDA they may be swapped for fp8 ones (fp8_linear). The forward is also split at
+attention (`LlamaDecoderLayer.input_norm`, `LlamaAttention.project`,
+`LlamaDecoderLayer.after_attention`), the same ops in the same order, so that
+prefill_graphs can capture the parts between attentions.
 
 Parameter names (what the loaders produce):
   embed_tokens.weight, norm.weight, lm_head.weight (absent when tied),
@@ -49,15 +53,23 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, cos_sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops) -> torch.Tensor:
-        tokens = hidden.shape[0]
         mm = ops.fixed_matmul if meta.batch_invariant else None
-        q, k, v = self.qkv_proj.forward(hidden, mm).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        # rotated q back; rotated k and v into this layer's cache blocks (one kernel on the GPU)
-        q = ops.rotary_and_store_kv(positions, q.view(tokens, self.num_heads, self.head_dim),
-                                    k.view(tokens, self.num_kv_heads, self.head_dim),
-                                    v.view(tokens, self.num_kv_heads, self.head_dim), cos_sin, *kv_cache,
-                                    meta.slot_mapping)
+        q = self.project(positions, hidden, cos_sin, kv_cache, meta.slot_mapping, ops, mm)
         return self.o_proj.forward(self.attn.forward(q, kv_cache, meta, ops), mm)
+
+    def project(self, positions: torch.Tensor, hidden: torch.Tensor, cos_sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], slot_mapping: torch.Tensor, ops,
+                mm=None, **q_out) -> torch.Tensor:
+        """Everything before attention: -> rotated q [T, Hq, D]; the rotated k and v written into this
+        layer's cache blocks (one kernel on the GPU). Row-wise throughout (no step metadata but the slots),
+        which is what lets inference.engine.prefill_graphs capture it. ``q_out``: the Triton kernel set's
+        optional output buffer for q."""
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj.forward(hidden, mm).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        return ops.rotary_and_store_kv(positions, q.view(tokens, self.num_heads, self.head_dim),
+                                       k.view(tokens, self.num_kv_heads, self.head_dim),
+                                       v.view(tokens, self.num_kv_heads, self.head_dim), cos_sin, *kv_cache,
+                                       slot_mapping, **q_out)
 
 
 class LlamaMLP(nn.Module):
@@ -82,15 +94,22 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
                 cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                 ops) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, residual = self.input_norm(hidden, residual, ops)
+        hidden = self.self_attn.forward(positions, hidden, cos_sin, kv_cache, meta, ops)
+        return self.after_attention(hidden, residual, ops, ops.fixed_matmul if meta.batch_invariant else None)
+
+    def input_norm(self, hidden: torch.Tensor, residual: torch.Tensor | None, ops) -> tuple[torch.Tensor, torch.Tensor]:
         norm = self.input_layernorm
         if residual is None:
-            residual, hidden = hidden, ops.rms_norm(hidden, norm.weight, norm.eps)
-        else:
-            hidden, residual = ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
-        hidden = self.self_attn.forward(positions, hidden, cos_sin, kv_cache, meta, ops)
+            return ops.rms_norm(hidden, norm.weight, norm.eps), hidden
+        return ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
+
+    def after_attention(self, hidden: torch.Tensor, residual: torch.Tensor, ops,
+                        mm=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden``: the attention block's output (after o_proj) -> (the MLP's output, residual)."""
         norm = self.post_attention_layernorm
         hidden, residual = ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
-        return self.mlp.forward(hidden, ops, ops.fixed_matmul if meta.batch_invariant else None), residual
+        return self.mlp.forward(hidden, ops, mm), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -105,6 +124,7 @@ class LlamaForCausalLM(nn.Module):
         self._cos_sin: dict[torch.device, torch.Tensor] = {}
         self.output_int8: Int8Blocks | None = None  # the output weight as exact int8 blocks (few-row LM head)
         self.output_prepacked: torch.Tensor | None = None  # oneDNN-blocked copy (cpu_matmul.prepack)
+        self.output_fp8 = None  # an fp8 copy of the output weight (fp8_linear.Fp8Head, EngineConfig.fp8_lm_head)
 
     def cos_sin_cache(self, device: torch.device) -> torch.Tensor:
         cache = self._cos_sin.get(device)
@@ -156,6 +176,8 @@ class LlamaForCausalLM(nn.Module):
             if self.output_int8 is not None and hidden.is_cpu:
                 return self.output_int8.matmul(hidden)
             return get_ops(hidden.device).fixed_matmul(hidden, self.output_weight, torch.float32)
+        if self.output_fp8 is not None:
+            return self.output_fp8.logits(hidden)
         if self.output_int8 is not None and hidden.shape[0] <= packed_linear.INT8_MAX_ROWS and hidden.is_cpu:
             return self.output_int8.matmul(hidden)
         if self.output_prepacked is not None and hidden.dim() == 2 and hidden.dtype == self.output_weight.dtype:

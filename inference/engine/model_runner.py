@@ -20,6 +20,13 @@ that step's sampled tokens (`prev_tokens`, row `Sequence.pending_row`).
 With `batch_invariant` (inference.engine.invariant_mode) the metadata also
 carries each row's block table and length, the model takes its batch-invariant
 kernels, and no CUDA graph is captured.
+
+On CUDA, decode-only steps replay whole-forward graphs (cuda_graphs) and every
+other step up to the token budget replays piecewise graphs around eager
+attention (prefill_graphs); the two input arrays go through pinned and device
+buffers kept from step to step (`_Staging`), so preparing a step allocates
+nothing on either side. A mixed step is split only where its decodes fill the
+decode kernel (`MIXED_SPLIT_MIN_PAIRS`); the CPU always splits.
 """
 
 from __future__ import annotations
@@ -34,23 +41,55 @@ from inference.engine.attention_metadata import AttentionMetadata
 from inference.engine.invariant_mode import rows_metadata
 from inference.engine.cuda_graphs import DecodeGraphRunner
 from inference.engine.kv_cache import allocate_kv_caches
+from inference.engine.prefill_graphs import PrefillGraphRunner
 from inference.engine.sequence import Sequence
+
+# CUDA: a mixed step sends its decodes to the decode kernel only when they give it at least this many
+# (sequence, KV head) pairs. Fewer do not fill the GPU, and the two kernels then run one after the other
+# where the prefill kernel alone ran them side by side (H100, 2026-11-26, one attention layer: SmolLM2
+# 64 decodes + a 512-token prompt 101 us split vs 69 unsplit, 192 pairs; split won at 256 decodes (768
+# pairs, 2.1x) and for Llama-1B's 64 x 8 = 512 pairs, 95 vs 176 us).
+MIXED_SPLIT_MIN_PAIRS = 512
 
 
 class ModelRunner:
-    batch_invariant = False  # set by __init__; a class default for runners built without it (inputs-only tests)
+    # set by __init__; class defaults for runners built without it (inputs-only tests): the CPU's behaviour
+    batch_invariant = False
+    split_min_pairs = 0
+    num_kv_heads = 1
+    _staging = None
+    prefill_runner = None
 
     def __init__(self, model, model_config, *, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device, max_num_seqs: int = 256, max_model_len: int | None = None,
-                 cuda_graphs: bool = False, batch_invariant: bool = False) -> None:
+                 cuda_graphs: bool = False, batch_invariant: bool = False, prefill_graphs: bool = False,
+                 max_num_batched_tokens: int | None = None, fp8_weights: bool = False,
+                 fp8_lm_head: bool = False) -> None:
         self.model = model
+        # fp8 linear layers (CUDA, before any graph is captured): the model's own, shared by engines over it
+        from inference.engine import fp8_linear
+
+        if fp8_weights or fp8_lm_head:
+            fp8_linear.attach_fp8(model, layers=fp8_weights, lm_head=fp8_lm_head)
+        elif fp8_linear.has_fp8(model):
+            raise ValueError("this model carries fp8 weights (an engine with fp8_weights attached them): "
+                             "load it again for a bf16 engine")
         self.device = device
         self.block_size = block_size
         # False: a mixed step keeps the scheduler's order and sends every row through the prefill kernel
         # (the behaviour before the split; benchmarks/mixed_steps.py's peer)
         self.split_mixed = True
+        # (sequence, KV head) pairs of decodes from which a mixed step is split (0: always, the CPU's rule)
+        self.split_min_pairs = MIXED_SPLIT_MIN_PAIRS if device.type == "cuda" else 0
+        self.num_kv_heads = model_config.num_kv_heads
         self.batch_invariant = batch_invariant
         self.kv_caches = allocate_kv_caches(model_config, num_blocks, block_size, dtype, device)
+        self._staging = None
+        if device.type == "cuda":  # sized for the largest step now: pinning pages later costs a step milliseconds
+            tokens, seqs = max_num_batched_tokens or 8192, max_num_seqs
+            width = -(-(max_model_len or 4096) // block_size)
+            self._staging = {torch.int64: _Staging(device, torch.int64, size=3 * tokens + 3 * seqs),
+                             torch.int32: _Staging(device, torch.int32, size=2 * seqs + 1 + seqs * width)}
         # Decode steps replay CUDA graphs on CUDA; everything else (and the CPU) runs eagerly.
         self.graph_runner: DecodeGraphRunner | None = None
         if device.type == "cuda" and cuda_graphs and max_model_len and not batch_invariant:
@@ -59,6 +98,12 @@ class ModelRunner:
                 max_blocks_per_seq=-(-max_model_len // block_size), device=device, capture=True)
             # every ladder size now, as vLLM does: no capture stalls a request in flight later
             self.graph_runner.capture_all()
+        # Other steps (prompts, mixed, decodes beyond the decode ladder) replay piecewise graphs on CUDA.
+        self.prefill_runner: PrefillGraphRunner | None = None
+        if device.type == "cuda" and prefill_graphs and max_num_batched_tokens and not batch_invariant:
+            self.prefill_runner = PrefillGraphRunner(model, self.kv_caches, max_tokens=max_num_batched_tokens,
+                                                     device=device, capture=True)
+            self.prefill_runner.capture_all()
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int], prev_tokens: torch.Tensor | None = None):
         """-> (input_ids, positions, meta, sample_rows, sampling_seqs); sample_rows: a device tensor of the
@@ -68,7 +113,9 @@ class ModelRunner:
         num_decodes = 0
         if self.split_mixed and 1 in num_new_tokens:
             num_decodes = num_new_tokens.count(1)
-            if num_decodes < len(seqs) and max(num_new_tokens[:num_decodes]) > 1:  # not all in front yet
+            if num_decodes < len(seqs) and num_decodes * self.num_kv_heads < self.split_min_pairs:
+                num_decodes = 0  # too few to fill the decode kernel: every row through the prefill kernel
+            elif num_decodes < len(seqs) and max(num_new_tokens[:num_decodes]) > 1:  # not all in front yet
                 order = sorted(range(len(seqs)), key=lambda i: num_new_tokens[i] != 1)  # stable
                 seqs = [seqs[i] for i in order]
                 num_new_tokens = [num_new_tokens[i] for i in order]
@@ -155,6 +202,8 @@ class ModelRunner:
         return ids, longs_t[num_tokens:2 * num_tokens], meta, longs_t[3 * num_tokens:at], sampling
 
     def _to_device(self, values: array, dtype: torch.dtype) -> torch.Tensor:
+        if self._staging is not None:
+            return self._staging[dtype].upload(values)
         host = torch.frombuffer(values, dtype=dtype)
         if self.device.type != "cuda":
             return host.to(self.device)
@@ -168,7 +217,9 @@ class ModelRunner:
         """Run one step on inputs from prepare(); return the sequences that sample and their float32 logits [N, V]
         on the model's device (the sampler runs there)."""
         hidden = self.graph_runner.run(ids, pos, meta) if self.graph_runner is not None else None
-        if hidden is None:  # not decode-only, too big or too wide for the graphs: eager
+        if hidden is None and self.prefill_runner is not None:
+            hidden = self.prefill_runner.run(ids, pos, meta)
+        if hidden is None:  # batch-invariant, beyond the token budget, or graphs off: eager
             hidden = self.model(ids, pos, meta, self.kv_caches)
         if not sampling:
             return sampling, None
@@ -195,3 +246,49 @@ def _table_array(seq: Sequence) -> array:
     elif len(copy) < len(table):
         copy.extend(table[len(copy):])
     return copy
+
+
+class _Staging:
+    """A step's input array onto a CUDA device through pinned and device buffers kept across steps.
+
+    ``torch.empty(pin_memory=True)`` per step pins fresh pages whenever the cached ones are still
+    being copied from (each one a driver call, slow under virtualised IOMMUs), and a new device tensor
+    per step goes through the allocator; here a ring of ``slots`` buffer pairs is reused, each pinned
+    buffer guarded by an event recorded after its copy (waited on only if the ring comes round before
+    that copy ran: a step's inputs are small, and steps in flight are at most two). The runner sizes them
+    for its largest step at start-up; they grow if a step is bigger still. (Measured on the H100,
+    2026-11-27: the 256 x 512/256 workload's prompt steps average 7.7 ms against ~6 ms of kernels; the
+    14-19 ms "prepare" of gpu_profile.py's profiled mixed step did not move with these buffers, so its
+    cause was not the pinned allocation: still open, and off the timed run's critical path.) The returned tensor is a view of a device buffer that the same slot's next
+    upload overwrites, in stream order after whatever the step launched with it."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, slots: int = 4, size: int = 0) -> None:
+        self.device, self.dtype, self.slots = device, dtype, slots
+        self.hosts: list[torch.Tensor | None] = [None] * slots
+        self.devices: list[torch.Tensor | None] = [None] * slots
+        self.events: list[torch.cuda.Event | None] = [None] * slots
+        self.next = 0
+        if size:
+            for slot in range(slots):
+                self.hosts[slot] = torch.empty(size, dtype=dtype, pin_memory=True)
+                self.devices[slot] = torch.empty(size, dtype=dtype, device=device)
+
+    def upload(self, values: array) -> torch.Tensor:
+        n = len(values)
+        slot = self.next
+        self.next = (slot + 1) % self.slots
+        event = self.events[slot]
+        if event is not None:
+            event.synchronize()  # the copy that last read this pinned buffer has run
+        host, dev = self.hosts[slot], self.devices[slot]
+        if host is None or host.numel() < n:
+            size = max(n, 2 * (0 if host is None else host.numel()), 4096)
+            host = self.hosts[slot] = torch.empty(size, dtype=self.dtype, pin_memory=True)
+            dev = self.devices[slot] = torch.empty(size, dtype=self.dtype, device=self.device)
+        host[:n].copy_(torch.frombuffer(values, dtype=self.dtype))
+        out = dev[:n]
+        out.copy_(host[:n], non_blocking=True)
+        if event is None:
+            event = self.events[slot] = torch.cuda.Event()
+        event.record()
+        return out

@@ -34,6 +34,11 @@ KV_CACHE_BLOCKS_USED = Gauge(f"{PREFIX}kv_cache_blocks_used",
                              multiprocess_mode="livesum")
 KV_CACHE_BLOCKS = Gauge(f"{PREFIX}kv_cache_blocks", "KV-cache blocks of the engine.", LABELS,
                         multiprocess_mode="livesum")
+KV_CACHE_SIZE = Gauge(f"{PREFIX}kv_cache_size_bytes",
+                      "Bytes of the engine's KV cache (chosen at start: inference.engine.kv_sizing).", LABELS,
+                      multiprocess_mode="livesum")
+KV_CACHE_TOKENS = Gauge(f"{PREFIX}kv_cache_capacity_tokens", "Tokens the engine's KV cache holds.", LABELS,
+                        multiprocess_mode="livesum")
 WORKER_REQUESTS_ACTIVE = Gauge(f"{PREFIX}worker_requests_active",
                                "Requests a worker holds (leased, in its engine or being finished).", LABELS,
                                multiprocess_mode="livesum")
@@ -63,7 +68,7 @@ class EngineMetrics:
         self._last: dict[str, float] = {}
         self._gauges = {gauge: gauge.labels(model) for gauge in (
             NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, KV_CACHE_BLOCKS_USED, KV_CACHE_BLOCKS,
-            WORKER_REQUESTS_ACTIVE)}
+            KV_CACHE_SIZE, KV_CACHE_TOKENS, WORKER_REQUESTS_ACTIVE)}
         self._counters = {key: counter.labels(model) for key, counter in _CUMULATIVE.items()}
 
     def update(self, stats: Mapping[str, object] | None, *, active: int) -> None:
@@ -80,6 +85,9 @@ class EngineMetrics:
             if num_blocks is not None:
                 gauges[KV_CACHE_BLOCKS].set(float(num_blocks))
                 gauges[KV_CACHE_BLOCKS_USED].set(float(num_blocks) - float(stats.get("free_blocks", num_blocks)))
+            for gauge, key in ((KV_CACHE_SIZE, "kv_cache_bytes"), (KV_CACHE_TOKENS, "kv_cache_tokens")):
+                if stats.get(key) is not None:
+                    gauges[gauge].set(float(stats[key]))
             for key, counter in self._counters.items():
                 value = stats.get(key)
                 if value is None:

@@ -29,6 +29,7 @@ _HANDLERS = {
     "/v1/completions": "completions",
     "/v1/models": "models",
     "/metrics": "metrics",
+    "/health": "health",
     "/healthz": "healthz",
 }
 _PREFIXES = (

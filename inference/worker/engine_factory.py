@@ -29,15 +29,25 @@ def engine_build(
     device: str = "cpu",
     dtype: str | None = None,
     kv_cache_mb: int | None = None,
+    kv_cache_fraction: float | None = None,
+    workers_per_device: int | None = None,
     max_num_seqs: int | None = None,
     **extra: Any,
 ) -> Any:
+    """An Engine for `model` on `device`; an argument left None takes its setting, a setting left None the
+    engine's default. The KV cache is sized from the device's free memory unless a size is given (the
+    engine logs the size and its tokens; inference.engine.kv_sizing); a cache that cannot hold one
+    max-length sequence raises KvCacheSizeError here, at start."""
     from inference.engine import Engine, EngineConfig  # torch loads only in processes that build an engine
 
     engine_runtime_configure()
     options = {
         "dtype": dtype or settings.ENGINE_DTYPE,
         "kv_cache_mb": kv_cache_mb or settings.ENGINE_KV_CACHE_MB,
+        # `is None`, not `or`: a 0 asked for is refused by EngineConfig, not replaced by the default
+        "kv_cache_fraction": settings.ENGINE_KV_CACHE_FRACTION if kv_cache_fraction is None else kv_cache_fraction,
+        "workers_per_device": settings.ENGINE_WORKERS_PER_DEVICE if workers_per_device is None else workers_per_device,
+        "free_memory_mb": settings.ENGINE_FREE_MEMORY_MB,
         "max_num_seqs": max_num_seqs or settings.ENGINE_MAX_NUM_SEQS,
     }
     options = {name: value for name, value in options.items() if value is not None}  # None: EngineConfig's default

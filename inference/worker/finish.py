@@ -64,10 +64,12 @@ def usage_records_safe(records: list[dict[str, Any]]) -> bool:
     if not records:
         return True
     from inference.metrics.requests import requests_observe
+    from inference.metrics.timeline import requests_add
 
     from .spool import spool_get
 
     requests_observe(records)
+    requests_add(records)  # the operator console's last hour
     spool = spool_get()
     try:
         spool.add(records)

@@ -36,6 +36,7 @@ from common.outage import Outage, connection_lost
 from inference.engine.sampling_params import EngineValidationError, SamplingParams
 from inference.metrics.engine import EngineMetrics
 from inference.metrics.live import process_figures_update
+from inference.metrics.timeline import worker_sample
 from inference.protocol import Delta
 from inference.queue import Job, JobQueue, ReapResult
 
@@ -206,6 +207,8 @@ class WorkerLoop(RequestEndings):
         """Beat, then update the metrics from the engine figures the beat reported (inference.metrics)."""
         alive = self.heartbeats.beat()
         self.metrics.update(self.heartbeats.engine_stats, active=len(self.active))
+        worker_sample(queue=self.queue, worker_id=self.worker_id, model=self.model,
+                      engine_stats=self.heartbeats.engine_stats, tok_s=self.heartbeats.tok_s)  # the console's hour
         process_figures_update()
         if not alive:
             self._drop_reaped()

@@ -22,8 +22,16 @@ with an exclusive `flock` on its `.lock` while its process lives, so a file
 whose lock can be taken belongs to nobody, and its rows are copied into the
 taker's file before it is deleted.
 
-A record that can never be written (it fails for another reason than a lost
-connection) is logged and dropped, so it cannot block the others.
+A record that fails for another reason than a lost connection (a price row
+that cannot be read, a value its column refuses) is never dropped: the
+request was served, so it is billed once the cause is fixed. It stays in the
+file, logged at ERROR with the reason at each try, and is retried on its own
+backoff (RETRY_BASE_S doubling to RETRY_MAX_S; `retry_at`), so it never
+blocks the others: a batch holding it is written record by record, and the
+flusher only picks records that are due. Its reservation is settled at once
+all the same (the settlement does not wait for the record: billing's
+`record_actual` settles what it can price), by this process, not only by
+the beat's stale sweep.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ logger = logging.getLogger(__name__)
 FLUSH_INTERVAL_S = 0.5
 FLUSH_MAX_INTERVAL_S = 5.0
 FLUSH_BATCH = 500
+RETRY_BASE_S = 1.0  # a record that failed (not a lost connection): its first retry, then doubling
+RETRY_MAX_S = 300.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
@@ -54,9 +64,16 @@ CREATE TABLE IF NOT EXISTS pending (
     record TEXT NOT NULL,
     written INTEGER NOT NULL DEFAULT 0,
     settled INTEGER NOT NULL DEFAULT 0,
-    added_at REAL NOT NULL
+    added_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    retry_at REAL NOT NULL DEFAULT 0,
+    error TEXT NOT NULL DEFAULT ''
 )
 """
+# columns added since the first spool files: (name, declaration), added to an older file when it is opened
+_ADDED_COLUMNS = (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("retry_at", "REAL NOT NULL DEFAULT 0"),
+                  ("error", "TEXT NOT NULL DEFAULT ''"))
+_COLUMNS = "request_id, record, written, settled, added_at, attempts, retry_at, error"
 
 # (records) -> None; raises ConnectionLost when the store is away (retry), anything else per bad record
 Writer = Callable[[list[dict[str, Any]]], None]
@@ -74,6 +91,10 @@ def _connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")  # a committed row is on disk
     conn.execute(_SCHEMA)
+    present = {row[1] for row in conn.execute("PRAGMA table_info(pending)")}
+    for name, declaration in _ADDED_COLUMNS:
+        if name not in present:  # a file an older worker left behind
+            conn.execute(f"ALTER TABLE pending ADD COLUMN {name} {declaration}")
     return conn
 
 
@@ -133,13 +154,27 @@ class Spool:
         if self.pending():
             self._start_flusher()
 
-    def drop(self, request_ids: list[str]) -> None:
-        with self._db_lock:
-            self._db.executemany("DELETE FROM pending WHERE request_id = ?", [(rid,) for rid in request_ids])
-
     def pending(self) -> int:
         with self._db_lock:
             return self._db.execute("SELECT count(*) FROM pending").fetchone()[0]
+
+    def failing(self) -> list[tuple[str, int, str]]:
+        """(request id, attempts, last error) of the records that failed other than by a lost connection."""
+        with self._db_lock:
+            return self._db.execute("SELECT request_id, attempts, error FROM pending WHERE written = 0 AND "
+                                    "attempts > 0 ORDER BY added_at").fetchall()
+
+    def _due(self) -> bool:
+        """Something to do now: a record to settle, or one to write whose retry time has come."""
+        with self._db_lock:
+            return self._db.execute("SELECT EXISTS (SELECT 1 FROM pending WHERE settled = 0 OR "
+                                    "(written = 0 AND retry_at <= ?))", (time.time(),)).fetchone()[0] == 1
+
+    def _next_retry_in(self) -> float | None:
+        """Seconds until the earliest failed record is due (None: none waits)."""
+        with self._db_lock:
+            at = self._db.execute("SELECT min(retry_at) FROM pending WHERE written = 0").fetchone()[0]
+        return None if at is None else max(0.0, at - time.time())
 
     def retry_later(self) -> None:
         """Something was left undone: make sure the flusher runs."""
@@ -158,13 +193,18 @@ class Spool:
         waiting = None
         if self.settle_start is not None and not self.db_outage.down:
             waiting = self._settle_started(records)
-        written = self._write(records)
+        written_ids = self._write(records)
+        written = len(written_ids) == len(ids)
         settled = False
         if waiting is not None:
             settled = self._settle_waited(waiting)
         elif written or not self.db_outage.down:
             settled = bool(self.settle(records))
-        self.done(ids, written=written, settled=settled)
+        if settled and len(written_ids) == len(ids):  # the usual case: one mark
+            self.done(ids, written=True, settled=True)
+        else:
+            self.done(written_ids, written=True)
+            self.done(ids, settled=settled)
         if not (written and settled):
             self.retry_later()
         return written, settled
@@ -184,32 +224,46 @@ class Spool:
             logger.exception("settling usage records failed")
             return False
 
-    def _write(self, records: list[dict[str, Any]]) -> bool:
+    def _write(self, records: list[dict[str, Any]]) -> list[str]:
+        """Write `records`; the request ids written (all, or none while the database is away, or all but
+        the ones that fail on their own: each of those is kept with its error and its next retry time)."""
         try:
             self.write(records)
         except ConnectionLost as exc:
             self.db_outage.failed(exc)
-            return False
-        except Exception:  # noqa: BLE001 - a bad record: find it, keep the others
+            return []
+        except Exception as exc:  # noqa: BLE001 - a bad record: find it, keep the others
             if len(records) > 1:
-                results = [self._write([record]) for record in records]
-                return all(results)
-            logger.exception("usage record of %s cannot be written; dropping it", records[0].get("request_id"))
-            self.drop([records[0]["request_id"]])
-            return False
+                return [rid for record in records for rid in self._write([record])]
+            self._failed(records[0]["request_id"], exc)
+            return []
         self.db_outage.ok()
-        return True
+        return [record["request_id"] for record in records]
+
+    def _failed(self, request_id: str, exc: Exception) -> None:
+        """Keep a record that failed to be written, with its error, until its next retry (backing off)."""
+        error = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        with self._db_lock:
+            row = self._db.execute("SELECT attempts FROM pending WHERE request_id = ?", (request_id,)).fetchone()
+            attempts = (row[0] if row else 0) + 1
+            delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(attempts - 1, 30))
+            self._db.execute("UPDATE pending SET attempts = ?, retry_at = ?, error = ? WHERE request_id = ?",
+                             (attempts, time.time() + delay, error, request_id))
+        logger.error("usage record of %s cannot be written (try %d: %s); it stays in the spool %s and is retried "
+                     "in %.0f s (the request was served: it is billed once this is fixed)",
+                     request_id, attempts, error, self.path.name, delay, exc_info=attempts == 1)
 
     def flush_once(self) -> int:
-        """Retry what is pending (a batch of the oldest); returns how many rows are left."""
+        """Retry what is due (the oldest records to write whose retry time has come, the oldest to settle);
+        returns how many rows are left."""
         with self._db_lock:
-            rows = self._db.execute(
-                "SELECT request_id, record, written, settled FROM pending ORDER BY added_at LIMIT ?", (FLUSH_BATCH,)
-            ).fetchall()
-        unwritten = [json.loads(record) for _rid, record, written, _s in rows if not written]
-        unsettled = [json.loads(record) for _rid, record, _w, settled in rows if not settled]
-        if unwritten and self._write(unwritten):  # (a batch with a bad record: the rest go again next time)
-            self.done([r["request_id"] for r in unwritten], written=True)
+            unwritten = [json.loads(record) for (record,) in self._db.execute(
+                "SELECT record FROM pending WHERE written = 0 AND retry_at <= ? ORDER BY added_at LIMIT ?",
+                (time.time(), FLUSH_BATCH))]
+            unsettled = [json.loads(record) for (record,) in self._db.execute(
+                "SELECT record FROM pending WHERE settled = 0 ORDER BY added_at LIMIT ?", (FLUSH_BATCH,))]
+        if unwritten:
+            self.done(self._write(unwritten), written=True)
         if unsettled and not self.db_outage.down and self.settle(unsettled):
             self.done([r["request_id"] for r in unsettled], settled=True)
         return self.pending()
@@ -236,15 +290,18 @@ class Spool:
             if not left:
                 return
             interval = min(FLUSH_MAX_INTERVAL_S, interval * 2) if self.db_outage.down else FLUSH_INTERVAL_S
+            if not self.db_outage.down and not self._due():  # only failed records, waiting for their retry
+                interval = max(FLUSH_INTERVAL_S, min(self._next_retry_in() or 0.0, FLUSH_MAX_INTERVAL_S))
 
     def close(self, *, flush_timeout: float = 5.0) -> int:
         """Try to empty the spool for `flush_timeout` s, then close; returns the rows left on disk."""
         deadline = time.monotonic() + flush_timeout
         left = self.pending()
-        while left and time.monotonic() < deadline:
+        while left and self._due() and time.monotonic() < deadline:  # (failed records wait for the next worker)
             left = self.flush_once()
             if left:
                 time.sleep(FLUSH_INTERVAL_S)
+        left = self.pending()
         self._closed = True
         self._wake.set()
         flusher = self._flusher
@@ -255,9 +312,9 @@ class Spool:
         if not left:
             for path in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
                 path.unlink(missing_ok=True)
-        else:
+            (self.directory / f"{self.path.stem}.lock").unlink(missing_ok=True)
+        else:  # its lock file stays (unlocked below), so the next spool opened in the folder takes the file over
             logger.error("%d usage records stay in %s for the next worker to write", left, self.path)
-        (self.directory / f"{self.path.stem}.lock").unlink(missing_ok=True)
         self._lock_file.close()
         return left
 
@@ -282,13 +339,12 @@ class Spool:
             return 0
         other = _connect(path)
         try:
-            rows = other.execute("SELECT request_id, record, written, settled, added_at FROM pending").fetchall()
+            rows = other.execute(f"SELECT {_COLUMNS} FROM pending").fetchall()
         finally:
             other.close()
         with self._db_lock:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("INSERT OR IGNORE INTO pending (request_id, record, written, settled, added_at) "
-                                 "VALUES (?, ?, ?, ?, ?)", rows)
+            self._db.executemany(f"INSERT OR IGNORE INTO pending ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self._db.execute("COMMIT")
         for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
             leftover.unlink(missing_ok=True)

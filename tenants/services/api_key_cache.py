@@ -5,8 +5,7 @@ look the key row up in the database on every request, through a hop to the
 database thread, on the way to the first token. A row found by its prefix is
 kept here (a `common.cache.TtlCache`) for ``settings.API_KEY_CACHE_TTL_S``
 seconds (default 2; 0 turns the cache off). What stays per request: the secret is still checked against the row's
-digest in constant time, and expiry against the clock, on every request;
-unknown prefixes are never cached.
+digest in constant time, and expiry against the clock, on every request.
 
 Kept warm: every key used in the last ``settings.API_KEY_CACHE_KEEP_WARM_S``
 seconds (default 30; 0 off) is reloaded, all in one query, every half TTL by a
@@ -19,12 +18,24 @@ requests finding their row expired now and then.) A reload that began before
 the cache was emptied is discarded (`generation`), so it cannot bring back a
 row that a revocation in this process just dropped.
 
+Unknown prefixes: a well-formed key whose prefix names no row is remembered
+as unknown (`unknown`, same TTL, kept warm the same way, at most 65,536
+prefixes, emptied rather than grown) so that it is refused the way a known
+prefix with a wrong secret is: from memory, after the same HMAC
+(`api_keys._check`), not after a database query each time. (Found rows were
+cached and unknown ones were not, so the time of a 401 told whether a key
+prefix existed.) Either kind's first use, or first after a pause longer than
+the keep-warm window, reads the database. Creating a key empties both caches,
+here and in every web process (`key_events`), so a new key works at once.
+
 Freshness: any save or delete of an ApiKey, Tenant or Tier in this process
 (revoking through `api_key_revoke`, the admin's suspend/change-tier actions,
 the keys API) empties the cache at once, so in one process a revoked key or a
 suspended tenant is refused on the very next request, as before. Other web
-processes notice within the TTL. (LiteLLM's proxy caches verified keys for 60 s
-by default; the window here is kept short on purpose.)
+processes are told over Redis pub/sub when REDIS_URL is set (`key_events`:
+within milliseconds), else, or while Redis is away, notice within the TTL.
+(LiteLLM's proxy caches verified keys for 60 s by default; the window here is
+kept short on purpose.)
 """
 
 from __future__ import annotations
@@ -42,8 +53,10 @@ def keep_warm_s() -> float:
     return float(settings.API_KEY_CACHE_KEEP_WARM_S)
 
 
-# prefix -> ApiKey with tenant__tier; prefixes come from well-formed keys only, unknown ones are never stored
+# prefix -> ApiKey with tenant__tier; prefixes come from well-formed keys only
 rows: TtlCache[str, object] = TtlCache("API key rows", ttl=ttl_s, max_entries=100_000)
+# well-formed prefixes that named no row when read (client input: bounded, emptied when full)
+unknown: TtlCache[str, bool] = TtlCache("unknown API key prefixes", ttl=ttl_s, max_entries=65_536)
 
 
 def generation() -> int:
@@ -54,6 +67,20 @@ def generation() -> int:
 def cached_key_get(prefix: str):
     """The cached ApiKey row for `prefix`, or None (absent or expired); a hit counts as a use."""
     return rows.get(prefix)
+
+
+def unknown_generation() -> int:
+    """Take it before a lookup that may find nothing; pass it to `cached_unknown_put`."""
+    return unknown.generation
+
+
+def cached_unknown(prefix: str) -> bool:
+    """True when `prefix` named no key when last read (within the TTL)."""
+    return unknown.get(prefix) is not None
+
+
+def cached_unknown_put(prefix: str, *, read_generation: int) -> None:
+    unknown.set(prefix, True, generation=read_generation)
 
 
 def in_use(within_s: float) -> list[str]:
@@ -76,15 +103,14 @@ def reload_done(prefix: str, api_key, *, read_generation: int) -> None:
 
 
 def api_key_cache_clear(**_signal_kwargs) -> None:
-    """Forget every cached row (connected to post_save/post_delete of ApiKey, Tenant and Tier)."""
+    """Forget every cached row and unknown prefix (on any change of an ApiKey, Tenant or Tier: key_events)."""
     rows.clear()
+    unknown.clear()
 
 
 def connect_signals() -> None:
-    from django.db.models.signals import post_delete, post_save
+    """Every save and delete of an ApiKey, Tenant or Tier empties the cache, here and in the other web
+    processes (tenants.services.key_events)."""
+    from tenants.services import key_events
 
-    from tenants.models import ApiKey, Tenant, Tier
-
-    for model in (ApiKey, Tenant, Tier):
-        for signal in (post_save, post_delete):
-            signal.connect(api_key_cache_clear, sender=model, dispatch_uid=f"api_key_cache_clear:{model.__name__}")
+    key_events.connect()

@@ -4,11 +4,14 @@ Format: ``sk-<public id>-<secret>``, e.g. ``sk-3fq9x0k2mz-<43 base62 chars>``.
 The public id (stored in ``ApiKey.prefix`` as ``sk-<id>``) names the row; the
 secret (~256 bits from ``secrets``) is shown once and only its HMAC-SHA-256
 under ``settings.API_KEY_PEPPER`` is stored. Verification looks the row up by
-prefix and compares digests in constant time. The async path used by the
-completion endpoints keeps the row for ~2 s (`api_key_cache`): any change to a
-key, tenant or tier in this process empties that cache, so a revoked or
-expired key, or a suspended tenant, is still refused on the very next request
-(other web processes: within the cache's TTL).
+prefix and compares digests in constant time; an unknown prefix takes the same
+steps (an HMAC compared against a dummy digest), so a 401 does not say which.
+The async path used by the completion endpoints and the WebSocket keeps the
+row, and the fact that a prefix is unknown, for ~2 s (`api_key_cache`): any
+change to a key, tenant or tier empties that cache, in this process at once
+and in the other web processes over Redis pub/sub (`key_events`), so a revoked
+or expired key, or a suspended tenant, is refused on the very next request
+(other web processes: within a second; the cache's TTL while Redis is away).
 
 ``last_used_at`` is written at most once per ``LAST_USED_RESOLUTION`` per key:
 a request only issues an UPDATE when the loaded value is older than that, and
@@ -35,7 +38,9 @@ from common.db import aretry_on_lost_connection
 from common.errors import AuthenticationError, InvalidRequest, PermissionDenied
 from tenants.models import ApiKey, Tenant, Tier
 from tenants.services import api_key_cache
-from tenants.services.api_key_cache import api_key_cache_clear, cached_key_get, cached_key_put
+from tenants.services.api_key_cache import cached_key_get, cached_key_put, cached_unknown, cached_unknown_put
+from tenants.services.key_events import key_event_send, key_events_listen_ensure
+from tenants.services.limits import LIMIT_FIELDS, MAX_LINEAGE
 
 KEY_SCHEME = "sk"
 PUBLIC_ID_ALPHABET = string.ascii_lowercase + string.digits
@@ -49,6 +54,7 @@ MAX_AUTHORIZATION_LENGTH = 256
 _KEY_RE = re.compile(rf"{KEY_SCHEME}-([a-z0-9]{{{PUBLIC_ID_LENGTH}}})-([A-Za-z0-9]{{{SECRET_LENGTH}}})")
 _AUTH_HEADER_HINT = "Authorization: Bearer YOUR_API_KEY"
 _WWW_AUTHENTICATE = {"WWW-Authenticate": 'Bearer realm="api"'}
+_DUMMY_DIGEST = "0" * 64  # what an unknown prefix's HMAC is compared with (never equal: same work, same answer)
 
 
 @dataclass(frozen=True)
@@ -127,8 +133,11 @@ def api_key_create(
     scopes: list[str] | None = None,
     expires_at: datetime | None = None,
     created_by=None,
+    lineage: list[int] | None = None,
+    **ceilings: int,
 ) -> NewApiKey:
-    """Create a key; the plaintext is in the result and nowhere else. Empty scopes = all scopes."""
+    """Create a key; the plaintext is in the result and nowhere else. Empty scopes = all scopes.
+    `ceilings`: the key's own limits (`limits.LIMIT_FIELDS`; none: only its tenant's)."""
     name = (name or "").strip()
     if not name:
         raise InvalidRequest("A key needs a name.", param="name")
@@ -138,8 +147,12 @@ def api_key_create(
         raise InvalidRequest("The key name is too long (at most 100 characters).", param="name")
     if expires_at is not None and expires_at <= _now():
         raise InvalidRequest("expires_at must be in the future.", param="expires_at")
+    unknown = sorted(set(ceilings) - set(LIMIT_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown limit {unknown[0]!r}")
     api_key = ApiKey(
-        tenant=tenant, name=name, scopes=_validated_scopes(scopes), expires_at=expires_at, created_by=created_by
+        tenant=tenant, name=name, scopes=_validated_scopes(scopes), expires_at=expires_at, created_by=created_by,
+        lineage=list(lineage or []), **ceilings,
     )
     return NewApiKey(api_key=api_key, key=api_key_issue(api_key=api_key))
 
@@ -166,7 +179,11 @@ def api_key_issue(*, api_key: ApiKey) -> str:
 
 def api_key_create_for(*, creator: ApiKey, name: str, scopes: list[str] | None = None,
                        expires_at: datetime | None = None) -> NewApiKey:
-    """A key creating a key for its own tenant: never more scopes than the creator has."""
+    """A key creating a key for its own tenant: never more scopes than the creator has, never a later
+    expiry (none asked: the creator's), and the creator's own ceilings (rate, tokens, concurrency, quota,
+    budget: `limits.LIMIT_FIELDS`) copied, so a limited or expiring key cannot mint an unlimited or
+    lasting one (OpenAI's restricted keys). The new key's requests count against its creator's ceilings too
+    (`ApiKey.lineage`, `limits.key_scopes`): N keys made by a limited key share its limits, not N times them."""
     creator_scopes = creator.scopes or list(ApiKey.ALL_SCOPES)
     requested = _validated_scopes(scopes) or list(creator_scopes)
     extra = [scope for scope in requested if scope not in creator_scopes]
@@ -178,13 +195,20 @@ def api_key_create_for(*, creator: ApiKey, name: str, scopes: list[str] | None =
         )
     if sorted(requested) == sorted(ApiKey.ALL_SCOPES):
         requested = []  # store "all" the canonical way
-    return api_key_create(tenant=creator.tenant, name=name, scopes=requested, expires_at=expires_at)
+    if creator.expires_at is not None:
+        if expires_at is not None and expires_at > creator.expires_at:
+            raise PermissionDenied("A key cannot create a key that expires after it does.", param="expires_at",
+                                   code="expires_after_creator")
+        expires_at = expires_at or creator.expires_at
+    ceilings = {field: getattr(creator, field) for field in LIMIT_FIELDS if getattr(creator, field, None)}
+    return api_key_create(tenant=creator.tenant, name=name, scopes=requested, expires_at=expires_at,
+                          lineage=[creator.pk, *(creator.lineage or [])][:MAX_LINEAGE], **ceilings)
 
 
 def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
     """Revoke now (idempotent: a second call keeps the first revocation time)."""
     ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=_now())
-    api_key_cache_clear()  # a queryset update sends no post_save
+    key_event_send(prefix=api_key.prefix, tenant_id=api_key.tenant_id)  # a queryset update sends no post_save
     api_key.refresh_from_db(fields=["revoked_at"])
     return api_key
 
@@ -203,7 +227,7 @@ def _lookup_queryset():
 
 def _check(api_key: ApiKey | None, secret: str, now: datetime) -> AuthContext:
     """Constant-time secret check, then state checks (only for the key's holder)."""
-    expected = api_key.secret_hash if api_key is not None else "0" * 64
+    expected = api_key.secret_hash if api_key is not None else _DUMMY_DIGEST
     matches = hmac.compare_digest(api_key_hash(secret=secret), expected)
     if api_key is None or not matches:
         raise _unauthorized("Incorrect API key provided.")
@@ -247,6 +271,7 @@ def api_key_verify(*, key: str) -> AuthContext:
 
 _KEEP_WARM_BATCH = 500
 _keeper: asyncio.Task | None = None  # the keep-warm task of this process's event loop (api_key_cache.rows)
+_unknown_keeper: asyncio.Task | None = None  # and of api_key_cache.unknown
 
 
 async def _reload_rows(prefixes: list[str]) -> dict[str, ApiKey]:
@@ -258,22 +283,42 @@ async def _reload_rows(prefixes: list[str]) -> dict[str, ApiKey]:
     return rows
 
 
+async def _reload_unknown(prefixes: list[str]) -> dict[str, bool]:
+    """The prefixes still unknown, for the unknown cache's keep-warm task (a found one is forgotten)."""
+    found = set()
+    for start in range(0, len(prefixes), _KEEP_WARM_BATCH):
+        batch = prefixes[start:start + _KEEP_WARM_BATCH]
+        found.update([prefix async for prefix in ApiKey.objects.filter(prefix__in=batch).values_list("prefix", flat=True)])
+    return {prefix: True for prefix in prefixes if prefix not in found}
+
+
 def _keeper_ensure() -> None:
     global _keeper
     _keeper = api_key_cache.rows.keep_warm(_reload_rows, within_s=api_key_cache.keep_warm_s) or _keeper
+
+
+def _unknown_keeper_ensure() -> None:
+    global _unknown_keeper
+    _unknown_keeper = (api_key_cache.unknown.keep_warm(_reload_unknown, within_s=api_key_cache.keep_warm_s)
+                       or _unknown_keeper)
 
 
 async def aapi_key_verify(*, key: str) -> AuthContext:
     """api_key_verify for the event loop, with the row cached briefly (see api_key_cache)."""
     prefix, secret = _parse_or_401(key)
     now = _now()
-    row = cached_key_get(prefix)
-    if row is None:
-        read_generation = api_key_cache.generation()
+    key_events_listen_ensure()
+    # both caches asked every time, so a known and an unknown prefix take the same steps from memory
+    row, unknown = cached_key_get(prefix), cached_unknown(prefix)
+    if row is None and not unknown:
+        read_generation, unknown_generation = api_key_cache.generation(), api_key_cache.unknown_generation()
         row = await aretry_on_lost_connection(lambda: _lookup_queryset().filter(prefix=prefix).afirst())
         if row is not None:
             cached_key_put(prefix, row, read_generation=read_generation)
             _keeper_ensure()
+        else:
+            cached_unknown_put(prefix, read_generation=unknown_generation)
+            _unknown_keeper_ensure()
     context = _check(row, secret, now)
     pending = _touch_filter(context.api_key, now)
     if pending is not None:

@@ -3,8 +3,13 @@
 A tenant's limit is its override when set, else its tier's; 0 means no limit.
 A key's limits (empty unless set) apply on top of its tenant's, so a key per
 application can have a lower ceiling than the tenant; the stricter wins.
-The tenant's monthly budget is `Tenant.monthly_spend_limit_micros`; a key may
-have its own (`ApiKey.monthly_spend_limit_micros`).
+
+A tenant has two monthly budgets: the operator's cap (`Tenant.monthly_spend_limit_micros`,
+set in the admin or with `limits_set --monthly-budget-usd`) and its owners' own
+(`Tenant.owner_spend_limit_micros`, set on the dashboard with `owner_budget_set`);
+the lower of those that are set applies (`tenant_budget_micros`), so an owner can
+lower the budget below the operator's cap but never lift or remove that cap. A key
+may have its own (`ApiKey.monthly_spend_limit_micros`) on top.
 """
 
 from __future__ import annotations
@@ -40,7 +45,25 @@ class LimitSource:
     tier: int | None
     override: int | None
     effective: int
-    source: str  # "tier", "tenant", "key" or "none"
+    source: str  # "tier", "tenant", "operator", "owner", "key" or "none"
+
+
+def _stricter(*values: int) -> int:
+    """The lowest of the limits that are set (> 0); 0 when none is."""
+    return min((value for value in values if value > 0), default=0)
+
+
+def tenant_budget_micros(*, tenant) -> int:
+    """The tenant's monthly budget in force: the lower of the operator's cap and the owners' own (0: none)."""
+    return _stricter(int(tenant.monthly_spend_limit_micros or 0), int(tenant.owner_spend_limit_micros or 0))
+
+
+def tenant_budget_source(*, tenant) -> str:
+    """Which budget is in force: "operator", "owner" or "none" (equal budgets: the operator's)."""
+    effective = tenant_budget_micros(tenant=tenant)
+    if not effective:
+        return "none"
+    return "operator" if effective == int(tenant.monthly_spend_limit_micros or 0) else "owner"
 
 
 def tenant_limits(*, tenant, tier) -> ScopeLimits:
@@ -48,8 +71,7 @@ def tenant_limits(*, tenant, tier) -> ScopeLimits:
     for name in TIER_FIELDS:
         override = getattr(tenant, name, None)
         values[name] = int(override if override is not None else getattr(tier, name) or 0)
-    return ScopeLimits(scope=f"t{tenant.pk}", monthly_spend_limit_micros=int(tenant.monthly_spend_limit_micros or 0),
-                       **values)
+    return ScopeLimits(scope=f"t{tenant.pk}", monthly_spend_limit_micros=tenant_budget_micros(tenant=tenant), **values)
 
 
 def key_limits(*, api_key) -> ScopeLimits | None:
@@ -61,15 +83,35 @@ def key_limits(*, api_key) -> ScopeLimits | None:
     return limits if limits.any else None
 
 
+MAX_LINEAGE = 16  # how many creators a key's requests also count against (a chain of keys made by keys)
+
+
+def key_scopes(*, api_key) -> list[ScopeLimits]:
+    """The key's own ceilings, and the same ceilings on the scope of each key in its lineage (the keys that made
+    it, `ApiKey.lineage`): a key made by a limited key got copies of its creator's ceilings, and counting its
+    requests on the creator's counters too means that a limited key's keys share its limits rather than each
+    having as much again. Empty when the key has no ceilings of its own."""
+    own = key_limits(api_key=api_key)
+    if own is None:
+        return []
+    values = {name: getattr(own, name) for name in LIMIT_FIELDS}
+    lineage = [int(key_id) for key_id in (getattr(api_key, "lineage", None) or [])[:MAX_LINEAGE]]
+    return [own, *(ScopeLimits(scope=f"k{key_id}", **values) for key_id in lineage)]
+
+
 def limits_explain(*, tenant, api_key=None) -> list[LimitSource]:
     """Every limit of `tenant` (and `api_key`): tier value, override, the effective one and where it comes from."""
     tier = tenant.tier
     rows = []
     for name in LIMIT_FIELDS:
         tier_value = getattr(tier, name, None) if name in TIER_FIELDS else None
-        override = getattr(tenant, name, None) if name in TIER_FIELDS else (tenant.monthly_spend_limit_micros or None)
-        tenant_value = int(override if override is not None else tier_value or 0)
-        source = "tenant" if override is not None else ("tier" if tier_value else "none")
+        if name in TIER_FIELDS:
+            override = getattr(tenant, name, None)
+            tenant_value = int(override if override is not None else tier_value or 0)
+            source = "tenant" if override is not None else ("tier" if tier_value else "none")
+        else:  # the budget: the lower of the operator's cap and the owners' own
+            tenant_value = tenant_budget_micros(tenant=tenant)
+            override, source = tenant_value or None, tenant_budget_source(tenant=tenant)
         key_value = getattr(api_key, name, None) if api_key is not None else None
         effective = tenant_value
         if key_value is not None and key_value > 0 and (tenant_value == 0 or key_value < tenant_value):
@@ -107,6 +149,8 @@ def limits_set(*, tenant, api_key=None, values: dict[str, int], clear: list[str]
     `values` maps field names (LIMIT_FIELDS) to integers >= 0 (0: no limit;
     budgets in micro-dollars). Clearing a tenant's override falls back to its
     tier (its budget to none); clearing a key's leaves only its tenant's.
+    A tenant's `monthly_spend_limit_micros` is the operator's cap; its owners'
+    own budget is set with `owner_budget_set` only.
     The auth cache drops the row on save, so the next request sees the change.
     """
     target = api_key if api_key is not None else tenant
@@ -126,6 +170,17 @@ def limits_set(*, tenant, api_key=None, values: dict[str, int], clear: list[str]
     target.full_clean()
     target.save(update_fields=changed)  # only these: an admin's change to another column at the same time stays
     return limits_explain(tenant=tenant, api_key=api_key)
+
+
+def owner_budget_set(*, tenant, micros: int) -> list[LimitSource]:
+    """Set the tenant owners' own monthly budget (micro-dollars; 0: none); the operator's cap stays as it is,
+    and the lower of the two applies. The effective limits after."""
+    if micros is None or int(micros) < 0:
+        raise ValueError("a budget is a whole number of micro-dollars >= 0 (0: none)")
+    tenant.owner_spend_limit_micros = int(micros)
+    tenant.full_clean()
+    tenant.save(update_fields=["owner_spend_limit_micros"])
+    return limits_explain(tenant=tenant)
 
 
 MAX_ALERT_PERCENT = 1000

@@ -163,6 +163,33 @@ def test_a_flushed_counter_is_rebuilt_from_the_ledger(clock, tenant_factory, tie
     assert "Used 9500" in refused.value.message
 
 
+def test_keys_made_by_a_limited_key_share_its_quota_also_after_a_rebuild(clock, tenant_factory, tier_factory,
+                                                                         api_key_factory, auth_for, record_write):
+    """A limited key's keys count on its counters too (tenants.services.limits.key_scopes), and a counter rebuilt
+    from the ledger (Redis restarted) counts the records of the keys it made (billing's `_key_family`)."""
+    from billing.admission import get_admission_backend
+    from tenants.services.api_keys import api_key_create_for
+    from tenants.services.limits import limits_set
+
+    tenant = tenant_factory(tier=unlimited_tier(tier_factory))
+    parent = api_key_factory(tenant=tenant).api_key
+    limits_set(tenant=tenant, api_key=parent, values={"monthly_token_quota": 10_000})
+    parent.refresh_from_db()
+    child = api_key_create_for(creator=parent, name="child").api_key
+    grandchild = api_key_create_for(creator=child, name="grandchild").api_key
+    for key, tokens in ((child, 3_000), (grandchild, 3_000)):
+        auth = auth_for(tenant, key)
+        admission = reserve(auth, prompt=tokens, max_tokens=0)
+        record_write(tenant, key, request_id=admission.request_id, prompt_tokens=tokens, completion_tokens=0)
+        admission_settle_records([{**finished(admission, auth, prompt=tokens, completion=0), "api_key_id": key.pk}])
+    with pytest.raises(InsufficientQuota):  # 6,000 used by its keys: 5,000 more does not fit the parent's 10,000
+        reserve(auth_for(tenant, parent), prompt=5_000, max_tokens=0)
+    get_admission_backend().flush()  # the counters are rebuilt from the ledger: the keys' records still count
+    with pytest.raises(InsufficientQuota):
+        reserve(auth_for(tenant, parent), prompt=5_000, max_tokens=0)
+    assert reserve(auth_for(tenant, parent), prompt=4_000, max_tokens=0).reserved
+
+
 def test_budget_alerts_go_to_the_owners_once_per_threshold(clock, tenant_factory, tier_factory, auth_for,
                                                            price_factory, django_user_model, settings):
     from tenants.models import Membership

@@ -32,11 +32,11 @@ def _login(client, name, **flags):
 @pytest.mark.django_db
 def test_a_member_prints_the_invoice_and_downloads_its_lines(client, invoice, tenant):
     Membership.objects.create(user=_login(client, "member"), tenant=tenant, role="viewer")
-    page = client.get(reverse("invoice-html", args=[invoice.pk]))
+    page = client.get(reverse("invoice-html", args=[invoice.public_id]))
     assert page.status_code == 200
     html = page.content.decode()
     assert invoice.number in html and str(invoice.total) in html and "half to even" in html
-    rows = list(csv.reader(io.StringIO(client.get(reverse("invoice-csv", args=[invoice.pk])).content.decode())))
+    rows = list(csv.reader(io.StringIO(client.get(reverse("invoice-csv", args=[invoice.public_id])).content.decode())))
     assert rows[0][0] == "position" and rows[-1][1] == "total"
     assert sum(Decimal(row[9]) for row in rows[1:-1]) == Decimal(rows[-1][9]) == invoice.total
     assert {row[1] for row in rows[1:-1]} == {"input", "cached_input", "output"}
@@ -44,9 +44,21 @@ def test_a_member_prints_the_invoice_and_downloads_its_lines(client, invoice, te
 
 @pytest.mark.django_db
 def test_others_get_404_and_anonymous_users_log_in(client, invoice):
-    assert client.get(reverse("invoice-html", args=[invoice.pk])).status_code == 302
+    assert client.get(reverse("invoice-html", args=[invoice.public_id])).status_code == 302
     _login(client, "stranger")
-    assert client.get(reverse("invoice-html", args=[invoice.pk])).status_code == 404
-    assert client.get(reverse("invoice-csv", args=[invoice.pk])).status_code == 404
+    assert client.get(reverse("invoice-html", args=[invoice.public_id])).status_code == 404
+    assert client.get(reverse("invoice-csv", args=[invoice.public_id])).status_code == 404
     _login(client, "staff", is_staff=True)
-    assert client.get(reverse("invoice-csv", args=[invoice.pk])).status_code == 200
+    assert client.get(reverse("invoice-csv", args=[invoice.public_id])).status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_printable_pages_take_the_public_id_only(client, invoice, tenant):
+    """A member with the row id (sequential: it tells how many invoices exist) gets 404; so does any other id."""
+    Membership.objects.create(user=_login(client, "member-ids"), tenant=tenant, role="viewer")
+    assert client.get(f"/billing/invoices/{invoice.public_id}/").status_code == 200
+    for bad in (str(invoice.pk), "%C2%B2", invoice.public_id + "x", invoice.public_id[:-1]):
+        assert client.get(f"/billing/invoices/{bad}/").status_code == 404, bad
+        assert client.get(f"/billing/invoices/{bad}.csv").status_code == 404, bad
+        assert client.get(f"/dashboard/{tenant.slug}/invoices/{bad}/").status_code == 404, bad
+    assert client.get(f"/dashboard/{tenant.slug}/invoices/{invoice.public_id}/").status_code == 200

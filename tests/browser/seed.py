@@ -71,7 +71,7 @@ def main() -> None:
     globex = seed_tenant("globex", "Asia/Kolkata", rng, now)
     hourly_usage_fill(now=now - timedelta(days=4))
     invoices = {tenant.slug: invoice_draft_refresh(tenant=tenant, period=month_containing(instant=now,
-                                                                                         tz=tenant.timezone)).pk
+                                                                                         tz=tenant.timezone)).public_id
                 for tenant in (acme, globex)}
     users = {}
     for tenant, role in ((acme, "member"), (acme, "viewer"), (globex, "owner")):

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.processes import MODEL, embedded_server_shared, usage_record_wait
+from tests.e2e.processes import MODEL, embedded_server_shared, usage_record_wait, wait_until
 
 pytestmark = [pytest.mark.slow]
 
@@ -188,7 +188,17 @@ def test_keepalive_comments_while_idle(server):
     assert all(line == ": keep-alive" or line.startswith("data: ") for line in lines)
 
 
-def test_closing_a_stream_aborts_and_bills_what_was_generated(client, server):
+def test_closing_a_stream_aborts_and_bills_exactly_the_tokens_the_engine_generated(client, server):
+    """An aborted stream pays for the tokens the engine generated: those the client read, plus any in flight
+    (generated, sent, not yet read) when the socket closed. The record's count is the engine's own: it equals
+    what the engine's generation counter moved by, and is at least what the client saw."""
+    from tests.inference.metrics_helpers import Scrape
+
+    def engine_idle(scrape: Scrape) -> bool:
+        return scrape.total("llmp:num_requests_running") == 0 and scrape.total("llmp:worker_requests_active") == 0
+
+    before = wait_until(lambda: (lambda s: s if engine_idle(s) else None)(Scrape.get(server.url)), timeout=60,
+                        what="an idle engine before the stream")
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Tell me a very long story."}],
         max_tokens=300, temperature=0.8, seed=3, stream=True, extra_body={"ignore_eos": True})
@@ -203,9 +213,20 @@ def test_closing_a_stream_aborts_and_bills_what_was_generated(client, server):
     [record] = usage_record_wait(server.database_url, request_id)
     assert record["finish_reason"] == "abort"
     assert 5 <= record["completion_tokens"] < 300
+
+    def counted():  # the engine's counters reach /metrics with the worker's next heartbeat
+        after = Scrape.get(server.url)
+        grown = (after.total("llmp:generation_tokens_total", model_name=MODEL)
+                 - before.total("llmp:generation_tokens_total", model_name=MODEL))
+        return (after, grown) if engine_idle(after) and grown >= record["completion_tokens"] else None
+
+    after, grown = wait_until(counted, timeout=30, what="the engine's generation counter")
+    assert grown == record["completion_tokens"]  # billed = generated, no more and no fewer
+    assert (after.total("llmp:billed_tokens_total", kind="output")
+            - before.total("llmp:billed_tokens_total", kind="output")) == record["completion_tokens"]
     # the engine is free again: a new request completes normally
-    after = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
-    assert after.usage.completion_tokens > 0
+    again = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
+    assert again.usage.completion_tokens > 0
 
 
 async def test_concurrent_streams(server):

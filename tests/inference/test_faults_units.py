@@ -120,21 +120,81 @@ def test_the_spool_keeps_records_until_the_database_takes_them(tmp_path):
     assert successor.close() == 0 and list(tmp_path.glob("spool-*.sqlite3")) == []
 
 
-def test_a_record_that_can_never_be_written_does_not_block_the_others(tmp_path):
-    database = {}
+def test_a_record_that_fails_to_be_written_is_kept_and_retried_without_blocking_the_others(tmp_path, monkeypatch):
+    """Issue 35 (2): a record the database refuses for another reason than a lost connection (a price that cannot
+    be read, a value its column refuses) is never dropped. It stays in the spool with its error, retried on its own
+    backoff; the others of its batch, and later ones, are written meanwhile; it is settled at once all the same."""
+    import inference.worker.spool as spool_module
+
+    database, settled, broken = {}, [], {"bad": True}
 
     def write(records):
         for record in records:
-            if record["request_id"] == "bad":
-                raise ValueError("finish_reason must be ...")
+            if record["request_id"] == "bad" and broken["bad"]:
+                raise ValueError("price #7 of zz cannot be used")
         database.update({r["request_id"]: r for r in records})
 
+    def settle(records):
+        settled.extend(r["request_id"] for r in records)
+        return True
+
+    clock = {"now": 1_000.0}
+    monkeypatch.setattr(spool_module.time, "time", lambda: clock["now"])
+    spool = Spool(tmp_path, write=write, settle=settle)
+    monkeypatch.setattr(spool, "_start_flusher", lambda: None)  # flushed by hand below
+    records = [{"request_id": "good"}, {"request_id": "bad"}, {"request_id": "good-2"}]
+    spool.add(records)
+    assert spool.process(records) == (False, True)
+    assert sorted(database) == ["good", "good-2"] and sorted(settled) == ["bad", "good", "good-2"]
+    assert spool.pending() == 1 and spool.failing() == [("bad", 1, "ValueError: price #7 of zz cannot be used")]
+    later = [{"request_id": "later"}]
+    spool.add(later)
+    assert spool.process(later) == (True, True) and "later" in database
+    assert spool.flush_once() == 1 and spool.failing()[0][1] == 1  # not due yet: not even tried
+    clock["now"] += spool_module.RETRY_BASE_S
+    assert spool.flush_once() == 1 and spool.failing()[0][1] == 2  # due: tried, failed, kept
+    clock["now"] += spool_module.RETRY_BASE_S  # the backoff doubled: still not due
+    assert spool.flush_once() == 1 and spool.failing()[0][1] == 2
+    for attempt in range(3, 14):
+        clock["now"] += spool_module.RETRY_MAX_S
+        spool.flush_once()
+    assert spool.failing()[0][1] == 13  # the delay stops growing at RETRY_MAX_S
+    broken["bad"] = False  # the cause is fixed
+    clock["now"] += spool_module.RETRY_MAX_S
+    assert spool.flush_once() == 0 and "bad" in database and settled.count("bad") == 1
+    assert spool.close() == 0
+
+
+def test_close_keeps_a_failing_record_for_the_next_worker_and_an_old_spool_file_is_taken_over(tmp_path):
+    """close() does not spin on a record that waits for its retry: it stays on disk, and the next spool opened in
+    the folder takes it over with its tries. A file an older worker left (without the tries' columns) is taken
+    over too."""
+    import sqlite3
+
+    def write(records):
+        raise ValueError("refused")
+
     spool = Spool(tmp_path, write=write, settle=lambda records: True)
-    records = [{"request_id": "good"}, {"request_id": "bad"}]
+    records = [{"request_id": "bad"}]
     spool.add(records)
     spool.process(records)
-    assert spool.flush_once() == 0 and list(database) == ["good"]
-    spool.close()
+    started = time.monotonic()
+    assert spool.close(flush_timeout=5) == 1 and time.monotonic() - started < 2
+    old = sqlite3.connect(tmp_path / "spool-1-old.sqlite3")
+    old.execute("CREATE TABLE pending (request_id TEXT PRIMARY KEY, record TEXT NOT NULL, "
+                "written INTEGER NOT NULL DEFAULT 0, settled INTEGER NOT NULL DEFAULT 0, added_at REAL NOT NULL)")
+    old.execute("INSERT INTO pending VALUES ('old', '{\"request_id\": \"old\"}', 0, 1, 1.0)")
+    old.commit()
+    old.close()
+    (tmp_path / "spool-1-old.lock").touch()
+    database = {}
+    successor = Spool(tmp_path, write=lambda records: database.update({r["request_id"]: r for r in records}),
+                      settle=lambda records: True)
+    assert successor.adopted == 2
+    assert [(rid, attempts) for rid, attempts, _ in successor.failing()] == [("bad", 1)]
+    successor._db.execute("UPDATE pending SET retry_at = 0")  # due now
+    assert successor.flush_once() == 0 and sorted(database) == ["bad", "old"]
+    successor.close()
 
 
 def test_a_closed_spool_writes_nothing_more(tmp_path):

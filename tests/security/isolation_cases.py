@@ -14,6 +14,13 @@ and in it request B's object with A's key (`w.api`, `bearer(w.a.key)`) or A's
 session (`w.browser_a`, logged in as A's member). A pattern with no tenant
 data at all goes in PUBLIC with the reason instead. /admin/ is staff-only
 and checked separately (test_admin_requires_staff).
+
+The WebSocket's frames have a table of their own (FRAME_CASES): every frame
+type the consumer dispatches (`RealtimeConsumer.FRAME_HANDLERS`) times every
+attack in FRAME_ATTACKS (another tenant's ids, a revoked key, a key without
+the `inference` scope). A new frame type fails
+test_every_frame_type_has_its_cases until its cases are written here, with
+`@frame_case("<type>", "<attack>")`.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from dataclasses import dataclass
 from tests.conftest import bearer
 
 PUBLIC: dict[str, str] = {
+    "health": "vLLM's health probe (empty body): no tenant data",
     "healthz": "load balancer health check: no tenant data",
     "metrics": "Prometheus metrics: labelled by model and tier, never by tenant or key (METRICS_TOKEN can close it)",
     "livez": "liveness probe: no tenant data",
@@ -35,6 +43,9 @@ PUBLIC: dict[str, str] = {
     "accounts/password_change/": "changes the caller's own password",
     "accounts/password_change/done/": "a confirmation page: no tenant data",
     "dashboard/assets/plotly.min.js": "the charting library's code, read from the installed package: no tenant data",
+    "": "the landing page: the server's name, links and the quick start; a signed-in user is only redirected to "
+        "the dashboard, whose own pages have their cases",
+    "favicon.ico": "the site's icon: no tenant data",
 }
 CASES: dict[str, Callable] = {}
 
@@ -115,7 +126,7 @@ def keys_list_and_create(w: World) -> None:
     assert ApiKey.objects.get(public_id=created["id"]).tenant_id == w.a.tenant.pk
 
 
-@case("v1/keys/<str:key_id>")
+@case("v1/keys/<public_id:key_id>")
 def key_detail_and_delete(w: World) -> None:
     for method in ("get", "delete"):
         response = getattr(w.api, method)(f"/v1/keys/{w.b.api_key.public_id}", **bearer(w.a.key))
@@ -125,7 +136,7 @@ def key_detail_and_delete(w: World) -> None:
     assert w.b.api_key.revoked_at is None
 
 
-@case("v1/keys/<str:key_id>/revoke")
+@case("v1/keys/<public_id:key_id>/revoke")
 def key_revoke(w: World) -> None:
     _not_found(w.api.post(f"/v1/keys/{w.b.api_key.public_id}/revoke", **bearer(w.a.key)))
     w.b.api_key.refresh_from_db()
@@ -159,27 +170,27 @@ def costs_of_a_only(w: World) -> None:
 @case("v1/invoices")
 def invoices_list(w: World) -> None:
     ids = [invoice["id"] for invoice in w.api.get("/v1/invoices", **bearer(w.a.key)).json()["data"]]
-    assert ids == [w.a.invoice.pk]
+    assert ids == [w.a.invoice.public_id]
 
 
-@case("v1/invoices/<str:invoice_id>")
+@case("v1/invoices/<public_id:invoice_id>")
 def invoice_detail(w: World) -> None:
-    response = w.api.get(f"/v1/invoices/{w.b.invoice.pk}", **bearer(w.a.key))
+    response = w.api.get(f"/v1/invoices/{w.b.invoice.public_id}", **bearer(w.a.key))
     _not_found(response)
     assert _error_code(response) == "invoice_not_found"
 
 
 # ---------------------------------------------------------------- invoice pages (session)
-@case("billing/invoices/<int:invoice_id>/")
+@case("billing/invoices/<public_id:invoice_id>/")
 def invoice_page(w: World) -> None:
-    _not_found(w.browser_a.get(f"/billing/invoices/{w.b.invoice.pk}/"))
-    assert w.browser_a.get(f"/billing/invoices/{w.a.invoice.pk}/").status_code == 200
+    _not_found(w.browser_a.get(f"/billing/invoices/{w.b.invoice.public_id}/"))
+    assert w.browser_a.get(f"/billing/invoices/{w.a.invoice.public_id}/").status_code == 200
 
 
-@case("billing/invoices/<int:invoice_id>.csv")
+@case("billing/invoices/<public_id:invoice_id>.csv")
 def invoice_csv(w: World) -> None:
-    _not_found(w.browser_a.get(f"/billing/invoices/{w.b.invoice.pk}.csv"))
-    assert w.browser_a.get(f"/billing/invoices/{w.a.invoice.pk}.csv").status_code == 200
+    _not_found(w.browser_a.get(f"/billing/invoices/{w.b.invoice.public_id}.csv"))
+    assert w.browser_a.get(f"/billing/invoices/{w.a.invoice.public_id}.csv").status_code == 200
 
 
 # ---------------------------------------------------------------- the tenant dashboard (A's member, B's pages)
@@ -223,7 +234,7 @@ def dashboard_keys(w: World) -> None:
     assert not ApiKey.objects.filter(name="planted").exists()
 
 
-@case("dashboard/<slug:slug>/keys/<str:key_id>/revoke/")
+@case("dashboard/<slug:slug>/keys/<public_id:key_id>/revoke/")
 def dashboard_key_revoke(w: World) -> None:
     for slug in (w.b.tenant.slug, w.a.tenant.slug):
         _not_found(w.browser_a.post(f"/dashboard/{slug}/keys/{w.b.api_key.public_id}/revoke/"))
@@ -252,11 +263,11 @@ def dashboard_invoices(w: World) -> None:
     assert w.b.invoice.number.encode() not in w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/invoices/").content
 
 
-@case("dashboard/<slug:slug>/invoices/<int:invoice_id>/")
+@case("dashboard/<slug:slug>/invoices/<public_id:invoice_id>/")
 def dashboard_invoice(w: World) -> None:
     for slug in (w.b.tenant.slug, w.a.tenant.slug):
-        _not_found(w.browser_a.get(f"/dashboard/{slug}/invoices/{w.b.invoice.pk}/"))
-    assert w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/invoices/{w.a.invoice.pk}/").status_code == 200
+        _not_found(w.browser_a.get(f"/dashboard/{slug}/invoices/{w.b.invoice.public_id}/"))
+    assert w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/invoices/{w.a.invoice.public_id}/").status_code == 200
 
 
 # ---------------------------------------------------------------- WebSocket
@@ -285,3 +296,246 @@ def realtime_socket(w: World) -> None:
         await socket.wait(10)
 
     async_to_sync(talk)()
+
+
+# ---------------------------------------------------------------- WebSocket frames, one case per (type, attack)
+FRAME_ATTACKS = ("other_tenant", "revoked_key", "wrong_scope")
+FRAME_CASES: dict[tuple[str, str], Callable] = {}
+
+
+def frame_case(frame_type: str, attack: str):
+    assert attack in FRAME_ATTACKS, attack
+
+    def register(func: Callable) -> Callable:
+        assert (frame_type, attack) not in FRAME_CASES, f"two cases for {frame_type} / {attack}"
+        FRAME_CASES[(frame_type, attack)] = func
+        return func
+
+    return register
+
+
+class _Socket:
+    """/v1/realtime through the project's ASGI application, in this process (the consumer's database reads
+    run on other threads: the tests are transactional)."""
+
+    def __init__(self, key: str | None = None) -> None:
+        from asgiref.testing import ApplicationCommunicator
+
+        from platform_site.asgi import application
+
+        headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+        scope = {"type": "websocket", "path": "/v1/realtime", "raw_path": b"/v1/realtime", "query_string": b"",
+                 "headers": headers, "subprotocols": []}
+        self.app = ApplicationCommunicator(application, scope)
+
+    async def open(self) -> None:
+        await self.app.send_input({"type": "websocket.connect"})
+        assert (await self.app.receive_output(10))["type"] == "websocket.accept"
+
+    async def send(self, frame: dict) -> None:
+        await self.app.send_input({"type": "websocket.receive", "text": json.dumps(frame)})
+
+    async def receive(self) -> dict:
+        """The next frame, or {"closed": code} when the server closed the socket."""
+        message = await self.app.receive_output(10)
+        if message["type"] == "websocket.close":
+            return {"closed": message.get("code")}
+        return json.loads(message["text"])
+
+    async def end(self) -> None:
+        await self.app.send_input({"type": "websocket.disconnect", "code": 1000})
+        await self.app.wait(10)
+
+
+def _talk(coroutine_function) -> None:
+    from asgiref.sync import async_to_sync
+
+    async_to_sync(coroutine_function)()
+
+
+async def _authed(w: World, key: str | None = None) -> _Socket:
+    socket = _Socket(key or w.a.key)
+    await socket.open()
+    hello = await socket.receive()
+    assert hello["type"] == "authenticated" and hello["tenant"] == w.a.tenant.slug, hello
+    return socket
+
+
+def _behind_the_back(w: World, **changes) -> None:
+    """Change A's key in the database with no event (another process's change whose event was lost), then
+    let its cached row expire (the cache's TTL, which still bounds this): only the frame's own check is left."""
+    from tenants.models import ApiKey
+    from tenants.services.api_key_cache import api_key_cache_clear
+
+    ApiKey.objects.filter(pk=w.a.api_key.pk).update(**changes)
+    api_key_cache_clear()
+
+
+def _revoked_behind_the_back(w: World) -> None:
+    from django.utils import timezone
+
+    _behind_the_back(w, revoked_at=timezone.now())
+
+
+def _scope_removed_behind_the_back(w: World) -> None:
+    _behind_the_back(w, scopes=["usage:read"])
+
+
+async def _refused(socket: _Socket, *, code: str, close: int, frame_id: str | None = None) -> None:
+    error = await socket.receive()
+    assert error["type"] == "error" and error["error"]["code"] == code, error
+    assert error.get("id") == frame_id, error
+    assert await socket.receive() == {"closed": close}
+
+
+def _frame_refused_after(w: World, change: Callable, frame: dict, *, code: str, close: int) -> None:
+    """A socket of A's, its key changed behind its back, then `frame`: refused with the REST code, closed."""
+    from asgiref.sync import sync_to_async
+
+    async def talk():
+        socket = await _authed(w)
+        await sync_to_async(change)(w)
+        await socket.send(frame)
+        await _refused(socket, code=code, close=close, frame_id=frame.get("id") if frame["type"] == "request" else None)
+        await socket.end()
+
+    _talk(talk)
+
+
+def _request(model: str, rid: str = "r1") -> dict:
+    return {"type": "request", "id": rid, "endpoint": "completions",
+            "body": {"model": model, "prompt": "hi", "max_tokens": 1}}
+
+
+def _scoped_key(w: World, scopes: list[str]) -> str:
+    from tenants.services.api_keys import api_key_create
+
+    return api_key_create(tenant=w.a.tenant, name="scoped", scopes=scopes).key
+
+
+# auth
+@frame_case("auth", "other_tenant")
+def auth_as_b_on_a_socket(w: World) -> None:
+    """An authenticated socket cannot switch to B's key: refused, and it stays A's (B's model unknown)."""
+    async def talk():
+        socket = await _authed(w)
+        await socket.send({"type": "auth", "api_key": w.b.key})
+        assert (await socket.receive())["error"]["code"] == "already_authenticated"
+        await socket.send(_request(w.b_model))
+        refused = await socket.receive()
+        assert refused["id"] == "r1" and refused["error"]["code"] == "model_not_found", refused
+        await socket.end()
+
+    _talk(talk)
+
+
+@frame_case("auth", "revoked_key")
+def auth_with_a_revoked_key(w: World) -> None:
+    """A socket open when A's key is revoked is told and closed at once; a new one cannot authenticate."""
+    from asgiref.sync import sync_to_async
+
+    from tenants.services.api_keys import api_key_revoke
+
+    async def talk():
+        open_before = await _authed(w)
+        await sync_to_async(api_key_revoke)(api_key=w.a.api_key)
+        await _refused(open_before, code="invalid_api_key", close=4401)  # no frame needed
+        await open_before.end()
+        socket = _Socket()
+        await socket.open()
+        await socket.send({"type": "auth", "api_key": w.a.key})
+        await _refused(socket, code="invalid_api_key", close=4401)
+        await socket.end()
+
+    _talk(talk)
+
+
+@frame_case("auth", "wrong_scope")
+def auth_without_the_inference_scope(w: World) -> None:
+    """The socket serves completions only: a key without `inference` is refused as REST refuses it (403)."""
+    key = _scoped_key(w, ["usage:read", "keys:manage"])
+
+    async def talk():
+        for header in (False, True):
+            socket = _Socket(key if header else None)
+            await socket.open()
+            if not header:
+                await socket.send({"type": "auth", "api_key": key})
+            await _refused(socket, code="missing_scope", close=4403)
+            await socket.end()
+
+    _talk(talk)
+
+
+# request
+@frame_case("request", "other_tenant")
+def request_for_b_model(w: World) -> None:
+    async def talk():
+        socket = await _authed(w)
+        await socket.send(_request(w.b_model, rid=w.b.usage.request_id))
+        refused = await socket.receive()
+        assert refused["id"] == w.b.usage.request_id and refused["error"]["code"] == "model_not_found", refused
+        await socket.end()
+
+    _talk(talk)
+
+
+@frame_case("request", "revoked_key")
+def request_after_revocation(w: World) -> None:
+    _frame_refused_after(w, _revoked_behind_the_back, _request("smollm2-135m-instruct"),
+                         code="invalid_api_key", close=4401)
+
+
+@frame_case("request", "wrong_scope")
+def request_after_scope_removed(w: World) -> None:
+    _frame_refused_after(w, _scope_removed_behind_the_back, _request("smollm2-135m-instruct"),
+                         code="missing_scope", close=4403)
+
+
+# cancel
+@frame_case("cancel", "other_tenant")
+def cancel_b_request(w: World) -> None:
+    """A request id is per socket, so B's ids are unknown on A's."""
+    async def talk():
+        socket = await _authed(w)
+        await socket.send({"type": "cancel", "id": w.b.usage.request_id})
+        error = await socket.receive()
+        assert error["type"] == "error" and error["error"]["code"] == "unknown_request", error
+        await socket.end()
+
+    _talk(talk)
+
+
+@frame_case("cancel", "revoked_key")
+def cancel_after_revocation(w: World) -> None:
+    _frame_refused_after(w, _revoked_behind_the_back, {"type": "cancel", "id": "r1"},
+                         code="invalid_api_key", close=4401)
+
+
+@frame_case("cancel", "wrong_scope")
+def cancel_after_scope_removed(w: World) -> None:
+    _frame_refused_after(w, _scope_removed_behind_the_back, {"type": "cancel", "id": "r1"},
+                         code="missing_scope", close=4403)
+
+
+# ping
+@frame_case("ping", "other_tenant")
+def ping_naming_b(w: World) -> None:
+    """A ping carrying B's ids answers a bare pong: nothing of B's."""
+    async def talk():
+        socket = await _authed(w)
+        await socket.send({"type": "ping", "id": w.b.usage.request_id, "tenant": w.b.tenant.slug})
+        assert await socket.receive() == {"type": "pong"}
+        await socket.end()
+
+    _talk(talk)
+
+
+@frame_case("ping", "revoked_key")
+def ping_after_revocation(w: World) -> None:
+    _frame_refused_after(w, _revoked_behind_the_back, {"type": "ping"}, code="invalid_api_key", close=4401)
+
+
+@frame_case("ping", "wrong_scope")
+def ping_after_scope_removed(w: World) -> None:
+    _frame_refused_after(w, _scope_removed_behind_the_back, {"type": "ping"}, code="missing_scope", close=4403)

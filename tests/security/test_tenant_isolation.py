@@ -6,7 +6,11 @@ in tests/security/isolation_cases.py (CASES) nor a reason in PUBLIC: a new
 endpoint or page cannot ship without saying how one tenant is kept from
 another's data. See that module's docstring for how to add a case.
 `test_isolation_case` runs each case: tenant A's key or session on tenant B's
-objects gets 404 (or 403), and B's objects stay as they were. /admin/ is
+objects gets 404 (or 403), and B's objects stay as they were. The WebSocket's
+frames have their own table: `test_every_frame_type_has_its_cases` compares
+the consumer's dispatch table with FRAME_CASES (each frame type times each
+attack: B's ids, a revoked key, a key without the scope), and
+`test_websocket_frame_case` runs them. /admin/ is
 staff-only: `test_admin_requires_staff` requests every admin pattern as a
 logged-in tenant member (not staff) and expects the admin login page.
 """
@@ -19,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from tests.security.isolation_cases import CASES, PUBLIC, Side, World
+from tests.security.isolation_cases import CASES, FRAME_ATTACKS, FRAME_CASES, PUBLIC, Side, World
 
 ADMIN_PREFIX = "admin/"
 ADMIN_UNGUARDED = {"admin/login/", "admin/logout/"}  # the way in and out
@@ -96,6 +100,23 @@ def test_isolation_case(route, world):
 @pytest.mark.parametrize("route", sorted(r for r in CASES if r.startswith("ws:")))
 def test_websocket_isolation_case(route, world):
     CASES[route](world)
+
+
+def test_every_frame_type_has_its_cases():
+    from inference.consumers import RealtimeConsumer
+
+    frame_types = set(RealtimeConsumer.FRAME_HANDLERS)
+    missing = sorted({(t, attack) for t in frame_types for attack in FRAME_ATTACKS} - set(FRAME_CASES))
+    assert not missing, ("WebSocket frame types without their isolation cases (add them to "
+                         f"tests/security/isolation_cases.py with @frame_case, see its docstring): {missing}")
+    stale = sorted({t for t, _attack in FRAME_CASES} - frame_types)
+    assert not stale, f"frame cases for frame types the consumer no longer has: {stale}"
+
+
+@pytest.mark.django_db(transaction=True)  # the consumer reads the database from other threads
+@pytest.mark.parametrize("frame_type,attack", sorted(FRAME_CASES))
+def test_websocket_frame_case(frame_type, attack, world):
+    FRAME_CASES[(frame_type, attack)](world)
 
 
 def sample_path(route: str) -> str:

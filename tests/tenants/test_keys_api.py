@@ -126,7 +126,8 @@ def test_other_tenants_keys_are_404(api_client, two_tenants, method, suffix):
 def test_odd_ids_are_404(api_client, api_key, key_id):
     response = api_client.get(f"/v1/keys/{key_id}", **bearer(api_key.key))
     assert response.status_code == 404
-    assert response.json()["error"]["code"] == "api_key_not_found"
+    # an id the route's converter refuses (common.converters: "²", a space) matches no URL at all
+    assert response.json()["error"]["code"] in {"api_key_not_found", "unknown_url"}
 
 
 def test_key_ids_are_public_ids_not_row_numbers(api_client, api_key):
@@ -141,8 +142,9 @@ def test_key_ids_are_public_ids_not_row_numbers(api_client, api_key):
 def test_keys_manage_scope_required(api_client, api_key_factory, tenant):
     inference_only = api_key_factory(tenant=tenant, scopes=["inference"])
     other = api_key_factory(tenant=tenant)
-    assert api_client.get("/v1/keys", **bearer(inference_only.key)).status_code == 200
     for response in (
+        api_client.get("/v1/keys", **bearer(inference_only.key)),  # the list names every key of the tenant
+        api_client.get(f"/v1/keys/{other.api_key.public_id}", **bearer(inference_only.key)),
         api_client.post("/v1/keys", {"name": "x"}, format="json", **bearer(inference_only.key)),
         api_client.post(f"/v1/keys/{other.api_key.pk}/revoke", **bearer(inference_only.key)),
         api_client.delete(f"/v1/keys/{other.api_key.pk}", **bearer(inference_only.key)),

@@ -46,7 +46,15 @@ class Command(BaseCommand):
         parser.add_argument("--device", default=settings.ENGINE_DEVICE, help="cpu or cuda:N")
         parser.add_argument("--worker-id", default=None)
         parser.add_argument("--max-num-seqs", type=int, default=None)
-        parser.add_argument("--kv-cache-mb", type=int, default=None)
+        parser.add_argument("--kv-cache-mb", type=int, default=None,
+                            help="KV cache size in MiB (default ENGINE_KV_CACHE_MB; unset: sized from free memory)")
+        parser.add_argument("--kv-cache-fraction", type=float, default=None,
+                            help="without a KV cache size: the fraction of the memory free at start that this "
+                                 "device's workers may fill with weights and KV cache (default "
+                                 "ENGINE_KV_CACHE_FRACTION, else 0.5 on the CPU, 0.9 on CUDA)")
+        parser.add_argument("--workers-per-device", type=int, default=None,
+                            help="worker processes sharing this device's memory (the host's RAM for cpu), each "
+                                 "sizing its KV cache from its share (default ENGINE_WORKERS_PER_DEVICE, else 1)")
         parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
         parser.add_argument("--no-cuda-graphs", action="store_true",
                             help="run CUDA decode steps eagerly instead of replaying CUDA graphs (debugging)")
@@ -74,7 +82,8 @@ class Command(BaseCommand):
 
         def build():
             return engine_build(model=model, device=device, dtype=options["dtype"],
-                                kv_cache_mb=options["kv_cache_mb"], max_num_seqs=max_num_seqs,
+                                kv_cache_mb=options["kv_cache_mb"], kv_cache_fraction=options["kv_cache_fraction"],
+                                workers_per_device=options["workers_per_device"], max_num_seqs=max_num_seqs,
                                 cuda_graphs=not options["no_cuda_graphs"],
                                 **step_order(sync_output=options["sync_output"],
                                              async_scheduling=options["async_scheduling"]))
