@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -242,7 +243,10 @@ def test_redis_restarted_under_load(layout):
     tracebacks = [line for line in lines if "Traceback" in line]
     assert len(tracebacks) <= 2, "\n".join(lines[-200:])
     unavailable = [line for line in lines if "unavailable" in line and "still" not in line]
-    assert len(unavailable) <= 20, "\n".join(unavailable)
+    # per component and log prefix (web.1 is both web processes): at most twice per process, where a
+    # line per poll would be dozens; the total grows with the components, so it is not what is checked
+    said = Counter(re.sub(r"^\S+ (\S+)\s*\| (.*?) unavailable.*$", r"\1 \2", line) for line in unavailable)
+    assert said and max(said.values()) <= 4, "\n".join(unavailable)
 
 
 def _try_completion(client):
