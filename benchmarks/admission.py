@@ -149,7 +149,7 @@ def cost(*, tenant_id: int, calls: int, rounds: int, backend_name: str) -> dict:
 
 
 def _records(auth, request_ids: list[str]) -> list[dict]:
-    """The usage-record fields of finished requests, as the worker's finisher makes them (with their costing)."""
+    """The spool rows of finished requests' endings, as the worker's finisher makes them (priced)."""
     from inference.queue import Job
     from inference.worker.finish import job_ending
 
@@ -158,15 +158,35 @@ def _records(auth, request_ids: list[str]) -> list[dict]:
         job = Job(request_id=request_id, tenant_id=auth.tenant.pk, api_key_id=None, tier=auth.tier.name, priority=0,
                   model=MODEL, prompt_token_ids=[1] * 100, sampling={"max_tokens": 50}, reply_channel="bench")
         records.append(job_ending(job=job, worker_id="bench", finish_reason="stop", prompt_tokens=100,
-                                  completion_tokens=20)[0])
+                                  completion_tokens=20)[0].to_json())
     return records
 
 
+class _Sink:
+    """The worker's spool sink (inference.worker.finish.EndingsSink) with its settlement "off" (settled after,
+    untimed), "on" (as deployed: sent before the insert, read after) or "sequential" (insert, then settle)."""
+
+    def __init__(self, way: str) -> None:
+        from inference.worker.finish import EndingsSink
+
+        self.way, self.sink = way, EndingsSink()
+
+    def write(self, rows: list[dict]) -> None:
+        self.sink.write(rows)
+
+    def settle_start(self, rows: list[dict]):
+        if self.way == "off":
+            return lambda: True
+        if self.way == "sequential":  # started when the spool waits for it: after the insert
+            return lambda: self.sink.settle_start(rows)()
+        return self.sink.settle_start(rows)
+
+
 def _settle_all(auth, request_ids: list[str]) -> None:
-    from billing.services.admission import admission_settle_records
+    from inference.worker.finish import EndingsSink
 
     for start in range(0, len(request_ids), 64):
-        admission_settle_records(_records(auth, request_ids[start:start + 64]))
+        EndingsSink().settle_start(_records(auth, request_ids[start:start + 64]))()
 
 
 def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
@@ -180,8 +200,8 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
 
     from billing.admission import get_admission_backend, reset_admission_backend
     from billing.admission.memory import MemoryAdmission
-    from billing.services.admission import aadmission_reserve, admission_settle_records, admission_settle_start
-    from inference.worker.finish import usage_records_write
+    from billing.services.admission import aadmission_reserve
+    from inference.worker.finish import EndingsSink
     from inference.worker.spool import Spool
 
     auth = _auth(tenant_id)
@@ -190,9 +210,7 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
     cases = [(name, size) for name in backends for size in (batch, 1)]
     ways = ("insert", "off", "on", "sequential")
     folder = Path(tempfile.mkdtemp(prefix="bench-spool-"))
-    spool = Spool(folder, write=usage_records_write, settle=admission_settle_records)
-    settings_of = {"off": (lambda records: True, None), "on": (admission_settle_records, admission_settle_start),
-                   "sequential": (admission_settle_records, None)}
+    spool = Spool(folder, _Sink("off"))
     wall: dict = {(case, way): [] for case in cases for way in ways}
     cpu: dict = {(case, way): [] for case in cases for way in ways}  # this thread's CPU: no waits for the servers
 
@@ -202,9 +220,9 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
 
     def end(way: str, records: list[dict]) -> None:
         if way == "insert":
-            usage_records_write(records)  # raises if the records were not written
+            EndingsSink().write(records)  # raises if the records were not written
             return
-        spool.settle, spool.settle_start = settings_of[way]
+        spool.sink = _Sink(way)
         spool.add(records)
         assert spool.process(records) == (True, True), "not written or not settled"
 
@@ -222,7 +240,7 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
                 end(way, records)
                 ended, ended_cpu = time.perf_counter(), time.thread_time()
                 if way in ("insert", "off"):
-                    admission_settle_records(records)
+                    EndingsSink().settle_start(records)()
                 if step >= 3:
                     wall[((name, size), way)].append(ended - started)
                     cpu[((name, size), way)].append(ended_cpu - started_cpu)

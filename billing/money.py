@@ -134,6 +134,12 @@ class Cost:
         }
 
 
+def cached_clamp(*, prompt_tokens: int, cached_tokens: int) -> int:
+    """Cached tokens as billed: never below 0 nor above the prompt (billing.ledger: the one clamp; pure
+    Python here so that the cost rule has it too)."""
+    return min(max(0, int(cached_tokens)), max(0, int(prompt_tokens)))
+
+
 def cost_compute(*, terms: PriceTerms | None, multiplier_milli: int, prompt_tokens: int, cached_tokens: int,
                  completion_tokens: int, charged: bool = True) -> Cost:
     """Tokens x price x tier multiplier, per kind. `cached_tokens` is a subset of `prompt_tokens`.
@@ -143,7 +149,7 @@ def cost_compute(*, terms: PriceTerms | None, multiplier_milli: int, prompt_toke
     """
     if terms is None or not charged:
         return Cost()
-    cached = min(max(0, cached_tokens), max(0, prompt_tokens))
+    cached = cached_clamp(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
     uncached = max(0, prompt_tokens) - cached
     return Cost(
         input=uncached * terms.input_picos * multiplier_milli,

@@ -1,4 +1,5 @@
-"""Billing periods: calendar months in a tenant's time zone, as aware UTC instants.
+"""Billing periods: calendar months and local days in a tenant's time zone, as aware UTC instants, and
+the UTC floors of the rollups' hours and days (the one definition of each period helper).
 
 A month starts at local midnight on its first day. The boundaries are
 computed from local wall-clock dates and converted once, so a month that
@@ -25,8 +26,11 @@ from __future__ import annotations
 
 import zoneinfo
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from datetime import timezone as dt_timezone
+
+UTC = dt_timezone.utc
+HOUR = timedelta(hours=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +50,19 @@ class Period:
         return self.start <= instant < self.end
 
 
-def _local_midnight_utc(day: date, zone: zoneinfo.ZoneInfo) -> datetime:
-    return datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(dt_timezone.utc)
+def local_midnight(day: date, zone: zoneinfo.ZoneInfo) -> datetime:
+    """The UTC instant of local midnight starting `day` in `zone`."""
+    return datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(UTC)
+
+
+def hour_floor(instant: datetime) -> datetime:
+    """The UTC hour holding the aware `instant` (an hourly rollup's bucket)."""
+    return instant.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def day_floor(instant: datetime) -> datetime:
+    """The UTC day holding the aware `instant` (a daily rollup's bucket)."""
+    return hour_floor(instant).replace(hour=0)
 
 
 def _next_month(day: date) -> date:
@@ -57,8 +72,8 @@ def _next_month(day: date) -> date:
 def month_period(*, year: int, month: int, tz: str) -> Period:
     zone = zoneinfo.ZoneInfo(tz)
     first = date(year, month, 1)
-    return Period(month=first, start=_local_midnight_utc(first, zone),
-                  end=_local_midnight_utc(_next_month(first), zone), tz=tz)
+    return Period(month=first, start=local_midnight(first, zone),
+                  end=local_midnight(_next_month(first), zone), tz=tz)
 
 
 def month_containing(*, instant: datetime, tz: str) -> Period:
@@ -80,3 +95,57 @@ def month_parse(*, label: str, tz: str) -> Period:
 
 def period_after(period: Period) -> Period:
     return month_containing(instant=period.end, tz=period.tz)
+
+
+@dataclass(frozen=True, slots=True)
+class Days:
+    """The local days first..last of zone `tz`: [start, end) in UTC and each day's start.
+
+    A local day starts at local midnight (a DST day is 23 or 25 hours). Where a zone's midnight is not on a
+    whole UTC hour (India, Nepal, ...), the UTC hour holding it is split between two days: the figures of
+    such an hour are read per minute from the records, never apportioned (billing.selectors.usage).
+    """
+
+    tz: str
+    days: tuple[date, ...]
+    starts: tuple[datetime, ...]  # UTC instant of each day's local midnight
+    end: datetime  # local midnight after the last day
+
+    @property
+    def start(self) -> datetime:
+        return self.starts[0]
+
+    @property
+    def whole_hours(self) -> bool:
+        """Every local midnight in the range is on a whole UTC hour (the hourly rollups split the days)."""
+        return all(instant.minute == 0 and instant.second == 0 for instant in (*self.starts, self.end))
+
+    @property
+    def utc_days(self) -> bool:
+        """Every local midnight is a UTC midnight (the daily rollups are the days)."""
+        return self.whole_hours and all(instant.hour == 0 for instant in (*self.starts, self.end))
+
+    def day_of(self, instant: datetime) -> date | None:
+        """The local day holding `instant`, or None outside the range."""
+        if instant < self.start or instant >= self.end:
+            return None
+        local = instant.astimezone(zoneinfo.ZoneInfo(self.tz)).date()
+        return local if self.days[0] <= local <= self.days[-1] else None
+
+    def split_hours(self) -> list[datetime]:
+        """UTC hours that hold a local midnight strictly inside them."""
+        return sorted({hour_floor(instant) for instant in (*self.starts, self.end) if instant != hour_floor(instant)})
+
+
+def days_between(*, first: date, last: date, tz: str) -> Days:
+    if last < first:
+        raise ValueError("the range ends before it starts")
+    zone = zoneinfo.ZoneInfo(tz)
+    count = (last - first).days + 1
+    days = tuple(first + timedelta(days=i) for i in range(count))
+    return Days(tz=tz, days=days, starts=tuple(local_midnight(day, zone) for day in days),
+                end=local_midnight(last + timedelta(days=1), zone))
+
+
+def today_in(tz: str, now: datetime | None = None) -> date:
+    return (now or datetime.now(UTC)).astimezone(zoneinfo.ZoneInfo(tz)).date()

@@ -2,7 +2,7 @@
 progress bars with the budget's alert thresholds marked.
 
 The bars' widths are display only (a float percentage); the figures printed on them are the overview's exact
-ones. The thresholds are those the budget alerts use (billing.services.admission_ledger.alert_percents: the
+ones. The thresholds are those the budget alerts use (billing.selectors.alert_percents: the
 tenant's own, else the platform's); the token quota has no alerts, only its limit (requests beyond it are
 refused), which both bars mark at 100 %.
 """
@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from billing.money import usd_str
-from billing.services.admission_ledger import alert_percents
+from billing.selectors import alert_percents, usd_str
 from dashboard.charts import overview_chart
 from dashboard.selectors.overview import Overview
 from tenants.models import Tenant

@@ -58,7 +58,7 @@ from common.errors import (
     ApiError, AuthenticationError, InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable, count_error,
     error_body,
 )
-from inference.api.events import job_chunks
+from inference.api.job_run import job_chunks
 from inference.api.parsing import MAX_BODY_BYTES, json_object_parse
 from inference.api.responses import response_builder, usage_body
 from inference.api.schemas import ENDPOINTS, api_request_parse

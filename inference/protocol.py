@@ -13,7 +13,7 @@ worker made them (`seq`; the `Done` carries the number after its last `Delta`;
 worker keeps what it could not deliver and sends it again, in order, once the
 channel layer is back (inference.worker.events); the web side drops a number
 it already has and ends a stream whose next number never came with an error
-instead of `[DONE]` over missing text (inference.api.events).
+instead of `[DONE]` over missing text (inference.api.job_run).
 
 Both sides import this module and nothing of each other; the event type
 strings live here only (a test checks that). On the channel layer a batch

@@ -39,34 +39,16 @@ def served_model_batch_invariant(*, name: str) -> bool:
     return bool(ServedModel.objects.filter(name=name).values_list("batch_invariant", flat=True).first())
 
 
-def readiness(*, model: str) -> dict[str, str]:
-    """What /readyz reports: "ok" or why not, for the database, the queue's Redis and the model's workers
-    (a worker counts once its heartbeat says "serving": its model is loaded). The embedded mode has no
-    Redis and serves from its own thread once asked."""
-    from django.conf import settings
+def database_check() -> dict[str, str]:
+    """Part of /readyz (inference.serving.readiness): "ok" or why not, for the database."""
     from django.db import DatabaseError, connection
 
-    from inference.queue import get_job_queue
-
-    checks: dict[str, str] = {}
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
-        checks["database"] = "ok"
+        return {"database": "ok"}
     except DatabaseError as exc:
-        checks["database"] = f"unavailable: {exc}".strip()[:200]
-    if settings.EMBEDDED_WORKER:
-        return checks
-    try:
-        workers = get_job_queue().live_workers(model)
-        checks["redis"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - QueueUnavailable, or anything Redis raised
-        checks["redis"] = f"unavailable: {exc.__cause__ or exc}"[:200]
-        checks["workers"] = "unknown"
-        return checks
-    serving = [w for w in workers if w.get("status") == "serving"]
-    checks["workers"] = "ok" if serving else f"no worker serves {model} ({len(workers)} loading or draining)"
-    return checks
+        return {"database": f"unavailable: {exc}".strip()[:200]}
 
 
 def worker_ready(*, model: str | None, host: str, worker_id: str | None = None) -> bool:

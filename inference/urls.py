@@ -1,7 +1,7 @@
 from django.urls import path
 
 from . import views
-from .api import views as api_views
+from .api import completion_views
 
 urlpatterns = [
     path("health", views.health, name="health"),
@@ -12,6 +12,6 @@ urlpatterns = [
     path("v1/openapi.json", views.OpenApiDocument.as_view(), name="openapi"),
     path("v1/models", views.ModelListApi.as_view(), name="models"),
     path("v1/models/<path:model_id>", views.ModelDetailApi.as_view(), name="model-detail"),
-    path("v1/chat/completions", api_views.chat_completions, name="chat-completions"),
-    path("v1/completions", api_views.completions, name="completions"),
+    path("v1/chat/completions", completion_views.chat_completions, name="chat-completions"),
+    path("v1/completions", completion_views.completions, name="completions"),
 ]

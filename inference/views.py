@@ -33,7 +33,7 @@ def readyz(request):
     """Readiness: 200 only when this process can serve a completion now: the database and Redis answer
     and a worker with its model loaded (heartbeat status "serving") serves the default model; else 503
     with what is missing (take it out of the load balancer meanwhile)."""
-    from inference.selectors import readiness
+    from inference.serving import readiness
 
     checks = readiness(model=settings.DEFAULT_MODEL)
     ready = all(value == "ok" for value in checks.values())
@@ -45,7 +45,7 @@ def readyz(request):
 def health(request):
     """vLLM's and TGI's probe, which load generators (guidellm) call before a run: 200 with an empty body
     when this process can serve a completion now (what /readyz checks), else 503, also empty."""
-    from inference.selectors import readiness
+    from inference.serving import readiness
 
     ready = all(value == "ok" for value in readiness(model=settings.DEFAULT_MODEL).values())
     return HttpResponse(status=200 if ready else 503)

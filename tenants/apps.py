@@ -1,3 +1,5 @@
+"""The tenants app: on ready, its deploy checks and the hooks that tell every web process of a key change."""
+
 from django.apps import AppConfig
 
 
@@ -7,6 +9,8 @@ class TenantsConfig(AppConfig):
 
     def ready(self) -> None:
         from tenants import checks  # noqa: F401  (registers the deploy checks)
-        from tenants.services.api_key_cache import connect_signals
+        from tenants.services import key_events
 
-        connect_signals()
+        # every save and delete of an ApiKey, Tenant or Tier empties the verified-key cache, here and in
+        # the other web processes
+        key_events.connect()

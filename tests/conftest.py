@@ -91,7 +91,7 @@ def api_key(api_key_factory, tenant):
 @pytest.fixture
 def served_model(db):
     """The SmolLM2 ServedModel row, as `manage.py bootstrap` creates it."""
-    from inference.services import served_model_ensure
+    from inference.bootstrap import served_model_ensure
 
     return served_model_ensure()[0]
 

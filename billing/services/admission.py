@@ -385,10 +385,11 @@ def _settled_false() -> bool:
 
 
 def _alert_enqueue(**alert) -> None:
-    from billing.tasks import send_budget_alert
+    # by the task's name: billing.tasks (thin) imports the services, never the other way round
+    from celery import signature
 
     try:
-        send_budget_alert.delay(**alert)
+        signature("billing.tasks.send_budget_alert", kwargs=alert).delay()
     except Exception:  # noqa: BLE001 - an alert must never cost a settlement
         logger.exception("could not queue the budget alert %s", alert)
 

@@ -1,5 +1,8 @@
 """The ledger behind the period counters: rebuilding them, what a finished request used, budget alerts.
 
+The ledger's sums are billing.ledger's (`ledger_totals`, the charged filter, the clamp); the budget alerts'
+thresholds are billing.selectors.alerts'.
+
 Redis (or the in-process backend) is a cache of the ledger, never the truth.
 A missing counter is rebuilt before anything is admitted on it: the period's
 usage records (PostgreSQL) plus the reservations still open on it. The open
@@ -23,19 +26,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import BigIntegerField, F, Q, Sum
-from django.db.models.functions import Cast
-
-from billing.admission.base import QUOTA, SPEND, Actual, CounterAfter
-from billing.models.femtos import FemtoSum
+from billing.admission.base import SPEND, Actual, CounterAfter
+from billing.ledger import cached_clamp, is_charged, ledger_totals
 from billing.money import Cost
-from billing.services.costs import is_charged, usage_cost
-from common.cache import TtlCache
+from billing.selectors.alerts import alert_percents
+from billing.services.costs import usage_cost
 
 logger = logging.getLogger(__name__)
 
 FEMTOS_PER_NANO = 1_000_000
-ALERT_PERCENTS_TTL_S = 60  # a tenant's new alert thresholds reach every worker within a minute
 
 
 def femtos_to_nanos(femtos: int) -> int:
@@ -54,43 +53,6 @@ class CounterRef:
     def parse(cls, key: str) -> "CounterRef":
         *_, scope, period, kind = key.split(":")
         return cls(scope=scope, period=period, kind=kind)
-
-
-_LEDGER_SUMS = {
-    # (64-bit before the addition: two 32-bit token counts of one record can pass 2**31 together)
-    QUOTA: Sum(Cast("prompt_tokens", BigIntegerField()) + F("completion_tokens"), output_field=BigIntegerField(),
-               filter=~(Q(finish_reason="error") & Q(completion_tokens=0))),
-    SPEND: FemtoSum("cost_femtos", ceil_digits=6),  # each record's cost rounded up to a nano-dollar, summed exactly
-}
-
-
-def ledger_totals(*, scope: str, kinds: tuple[str, ...] = (QUOTA, SPEND), start: datetime,
-                  end: datetime) -> dict[str, int]:
-    """The period's settled usage of one scope from the usage records, per kind (tokens, nano-dollars), one query."""
-    from billing.models import UsageRecord
-
-    unknown = [kind for kind in kinds if kind not in _LEDGER_SUMS]
-    if unknown:
-        raise ValueError(unknown[0])
-    records = UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
-    if scope.startswith("t"):
-        records = records.filter(tenant_id=int(scope[1:]))
-    else:
-        records = records.filter(api_key_id__in=_key_family(int(scope[1:])))
-    totals = records.aggregate(**{kind: _LEDGER_SUMS[kind] for kind in kinds})
-    return {kind: int(totals[kind] or 0) for kind in kinds}
-
-
-def _key_family(key_id: int) -> list[int]:
-    """The key and every key whose requests count on its counters too (those it made, and theirs: their
-    `lineage` names it; tenants.services.limits.key_scopes)."""
-    from tenants.models import ApiKey
-
-    tenant_id = ApiKey.objects.filter(pk=key_id).values_list("tenant_id", flat=True).first()
-    if tenant_id is None:
-        return [key_id]
-    made = ApiKey.objects.filter(tenant_id=tenant_id).exclude(lineage=[]).values_list("pk", "lineage")
-    return [key_id, *(pk for pk, lineage in made if key_id in (lineage or []))]
 
 
 def ledger_total(*, scope: str, kind: str, start: datetime, end: datetime) -> int:
@@ -113,7 +75,7 @@ def record_actual(record: dict, snapshot=None) -> Actual:
     """What a usage record (its `usage_record_fields` arguments) used, in each kind's unit."""
     prompt, cached = int(record.get("prompt_tokens") or 0), int(record.get("cached_tokens") or 0)
     completion, reason = int(record.get("completion_tokens") or 0), record["finish_reason"]
-    cached = min(max(0, cached), prompt)
+    cached = cached_clamp(prompt_tokens=prompt, cached_tokens=cached)
     charged = is_charged(finish_reason=reason, completion_tokens=completion)
     costing = record.get("costing")  # the worker's, computed once for the record and the client
     if costing is None:
@@ -136,33 +98,6 @@ def record_actual(record: dict, snapshot=None) -> Actual:
     created = record.get("created_at")  # the record's month is the one its counters count it in (billing.periods)
     return Actual(tokens=prompt - cached + completion, quota=prompt + completion if charged else 0,
                   spend=femtos_to_nanos(cost.total), at=created.timestamp() if isinstance(created, datetime) else 0.0)
-
-
-_alert_percents: TtlCache[str, tuple[int, ...]] = TtlCache("budget alert thresholds per counter scope",
-                                                           ttl=ALERT_PERCENTS_TTL_S, max_entries=100_000)
-
-
-def alert_percents(scope: str) -> tuple[int, ...]:
-    """The budget alert thresholds of a counter's scope ("t<id>", or "k<id>": its tenant's): the tenant's own
-    (set by its owners on the dashboard), else the platform's BUDGET_ALERT_PERCENTS. Kept ALERT_PERCENTS_TTL_S."""
-
-    def load() -> tuple[int, ...]:
-        from django.conf import settings
-
-        from tenants.models import ApiKey, Tenant
-
-        if scope.startswith("k"):
-            own = ApiKey.objects.filter(pk=int(scope[1:])).values_list("tenant__budget_alert_percents", flat=True).first()
-        else:
-            own = Tenant.objects.filter(pk=int(scope[1:])).values_list("budget_alert_percents", flat=True).first()
-        return tuple(sorted(own or settings.BUDGET_ALERT_PERCENTS))
-
-    return _alert_percents.get_or_load(scope, load)
-
-
-def alert_percents_forget() -> None:
-    """Drop this process's thresholds (a tenant's changed; other processes see it within the TTL)."""
-    _alert_percents.clear()
 
 
 def budget_alerts_check(*, backend, after: list[CounterAfter], ttl_s: int,

@@ -1,8 +1,13 @@
 """A request's cost, from the price version in force at its admission and its tier's multiplier.
 
-One rule for the usage record (frozen in its INSERT, `usage_records_insert`)
-and for the client's `usage.cost` (the worker's done event): both come from
-`usage_cost`, with the same per-process price snapshot.
+`usage_cost` is the one function that prices a request (a test,
+tests/billing/test_one_pricing_function.py, fails if another module does
+the arithmetic). The worker calls it once, where the request ends
+(billing.services.settlement.ending_make): its `Priced` result travels with
+the request's `Ending` to the usage record (frozen in its INSERT,
+`usage_records_insert`), the admission settlement and the client's
+`usage.cost`. The read-side fallbacks (a record given without its price:
+`usage_rows_cost`, `admission_ledger.record_actual`) call it too.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from datetime import timezone as dt_timezone
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.utils import timezone
 
@@ -33,6 +38,15 @@ def is_charged(*, finish_reason: str, completion_tokens: int) -> bool:
     return not (finish_reason == "error" and completion_tokens <= 0)
 
 
+class Priced(NamedTuple):
+    """What `usage_cost` found for one request: its price version (None: an unpriced model, free), its
+    tier's multiplier in thousandths, and its cost in femto-dollars."""
+
+    terms: PriceTerms | None
+    multiplier_milli: int
+    cost: Cost
+
+
 def usage_cost(
     *,
     model: str,
@@ -43,8 +57,8 @@ def usage_cost(
     completion_tokens: int,
     finish_reason: str,
     snapshot: PricingSnapshot | None = None,
-) -> tuple[PriceTerms | None, int, Cost]:
-    """(price version, tier multiplier in thousandths, cost) of one request."""
+) -> Priced:
+    """The price version, tier multiplier and cost of one request: THE pricing function."""
     snapshot = snapshot or pricing_snapshot()
     terms = snapshot.terms_at(model, admitted_at)
     milli = snapshot.multiplier_milli(tier)
@@ -53,14 +67,14 @@ def usage_cost(
         completion_tokens=completion_tokens,
         charged=is_charged(finish_reason=finish_reason, completion_tokens=completion_tokens),
     )
-    return terms, milli, cost
+    return Priced(terms, milli, cost)
 
 
 def usage_rows_cost(rows: Iterable[dict[str, Any]]) -> None:
     """Add the cost columns to record rows (`usage_record_fields` output), one snapshot for all.
 
-    A row that carries its `costing` (`usage_cost`'s result for the same fields: the worker computed it
-    for the client's `usage.cost`) is not costed twice.
+    A row that carries its `costing` (`usage_cost`'s `Priced` for the same fields: the worker's, computed
+    once where the request ended) is not costed twice.
     """
     snapshot = None
     for row in rows:
@@ -72,7 +86,7 @@ def usage_rows_cost(rows: Iterable[dict[str, Any]]) -> None:
                 prompt_tokens=row["prompt_tokens"], cached_tokens=row["cached_tokens"],
                 completion_tokens=row["completion_tokens"], finish_reason=row["finish_reason"], snapshot=snapshot,
             )
-        terms, milli, cost = costing
+        terms, milli, cost = Priced(*costing)
         row["price_id"] = terms.price_id if terms is not None else None
         row["price_multiplier"] = Decimal(milli).scaleb(-3)
         row["input_cost_femtos"] = cost.input

@@ -3,9 +3,10 @@
 Lines per model, token kind (uncached input, cached input, output), price
 version and tier multiplier (a price or tier change mid-month gives each
 version its own lines), plus one line per adjustment dated in the period.
-Only records that cost something are billed (errors before the first token,
-unpriced models: nothing). Each line keeps its exact cost and is rounded once
-to the cent, half to even.
+Only records that cost something are billed (billing.ledger.BILLED: errors
+before the first token, unpriced models: nothing), summed as the ledger sums
+them (billing.ledger.SUMS). Each line keeps its exact cost and is rounded
+once to the cent, half to even.
 """
 
 from __future__ import annotations
@@ -15,20 +16,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import F, Sum
-
+from billing.ledger import BILLED, SUMS
 from billing.models import Adjustment, InvoiceLine, Price, UsageRecord
-from billing.models.femtos import FemtoSum
 from billing.money import cents_round, femtos_to_usd
 from tenants.models import Tenant
 
 Key = tuple  # (kind, model, price id, multiplier text) | ("adjustment", "", adjustment id, "0")
 
-_KINDS = (  # line kind, tokens sum, cost sum, the price's column
-    (InvoiceLine.Kind.INPUT, "input_tokens", "input_femtos", "input_per_million"),
-    (InvoiceLine.Kind.CACHED_INPUT, "cached_tokens", "cached_femtos", "cached_input_per_million"),
-    (InvoiceLine.Kind.OUTPUT, "output_tokens", "output_femtos", "output_per_million"),
+_KINDS = (  # line kind, tokens sum, cost sum (billing.ledger.SUMS), the price's column
+    (InvoiceLine.Kind.INPUT, "input_tokens", "input_cost_femtos", "input_per_million"),
+    (InvoiceLine.Kind.CACHED_INPUT, "cached_input_tokens", "cached_input_cost_femtos", "cached_input_per_million"),
+    (InvoiceLine.Kind.OUTPUT, "output_tokens", "output_cost_femtos", "output_per_million"),
 )
+_LINE_SUMS = {name: SUMS[name] for _kind, tokens, femtos, _column in _KINDS for name in (tokens, femtos)}
 
 
 @dataclass(slots=True)
@@ -69,15 +69,10 @@ def _plain(value: Decimal) -> str:
 
 def usage_line_drafts(*, tenant: Tenant, start: datetime, end: datetime) -> list[LineDraft]:
     groups = list(
-        UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end)
-        .exclude(cost_femtos=0)  # (a cost is never negative)
+        UsageRecord.objects.filter(BILLED, tenant=tenant, created_at__gte=start, created_at__lt=end)
         .order_by()
         .values("model", "price_id", "price_multiplier")
-        .annotate(
-            input_tokens=Sum(F("prompt_tokens") - F("cached_tokens")), cached_tokens=Sum("cached_tokens"),
-            output_tokens=Sum("completion_tokens"), input_femtos=FemtoSum("input_cost_femtos"),
-            cached_femtos=FemtoSum("cached_input_cost_femtos"), output_femtos=FemtoSum("output_cost_femtos"),
-        )
+        .annotate(**_LINE_SUMS)
     )
     prices = Price.objects.in_bulk({group["price_id"] for group in groups})
     drafts = []

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import zoneinfo
 from datetime import date, datetime, timedelta
-from datetime import timezone as dt_timezone
 
 from django.db import connection
 from django.db.models import Aggregate, Count, FloatField, Q
 from django.db.models.functions import TruncDate
 
 from billing.models import DailyLatency, HourlyUsage, UsageRecord
+from billing.periods import local_midnight
 from tenants.models import Tenant
 
-UTC = dt_timezone.utc
 MARGIN = timedelta(days=2)  # a local day overlapping a refilled hour starts at most ~26 h before it
 
 
@@ -45,6 +44,16 @@ def percentile_cont(sorted_values: list[float], fraction: float) -> float | None
     lower = int(position)
     upper = min(lower + 1, len(sorted_values) - 1)
     return sorted_values[lower] + (sorted_values[upper] - sorted_values[lower]) * (position - lower)
+
+
+def ttft_percentiles(records) -> tuple[float | None, float | None]:
+    """TTFT p50 and p95 of `records` (a filtered queryset): percentile_cont, by PostgreSQL itself or in Python."""
+    records = records.filter(ttft_s__isnull=False).order_by()
+    if connection.vendor == "postgresql":
+        row = records.aggregate(p50=PercentileCont("ttft_s", 0.5), p95=PercentileCont("ttft_s", 0.95))
+        return row["p50"], row["p95"]
+    samples = sorted(records.values_list("ttft_s", flat=True))
+    return percentile_cont(samples, 0.5), percentile_cont(samples, 0.95)
 
 
 def empty_figures() -> dict:
@@ -76,10 +85,6 @@ def latency_of_days(records, *, tz: str, spans: list[tuple[date, datetime, datet
         out[day].update(requests=len(outcomes), errors=sum(reason == "error" for _ttft, reason in outcomes),
                         ttft_p50_s=percentile_cont(ttfts, 0.5), ttft_p95_s=percentile_cont(ttfts, 0.95))
     return out
-
-
-def local_midnight(day: date, zone: zoneinfo.ZoneInfo) -> datetime:
-    return datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(UTC)
 
 
 def closed_spans(*, tz: str, start: datetime, end: datetime, closed_until: datetime):

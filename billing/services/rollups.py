@@ -9,6 +9,8 @@ exact TTFT percentiles of each tenant's closed local days it touched
 lock: a crash rolls it back whole and the next run redoes it; two runs never
 interleave.
 
+The sums are the ledger's (billing.ledger.SUMS), the hour and day floors billing.periods'.
+
 Late records: a record can commit after its hour was filled (its transaction
 began before the hour ended), or be written with an old `created_at`. Each
 run refills the last LOOKBACK before the filled end, and every older hour
@@ -19,49 +21,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
 
 from django.db import transaction
-from django.db.models import Count, F, Max, Sum
+from django.db.models import Max
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
+from billing.ledger import FIGURES, ROLLUP, SUMS, figure_sum, rolled_up_until
 from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
-from billing.models.femtos import FemtoSum
+from billing.periods import HOUR, UTC, day_floor, hour_floor
 from billing.services.latency_rollups import daily_latency_refill
 
-ROLLUP = "hourly_usage"
-HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 LOOKBACK = timedelta(hours=1)
 CHUNK = timedelta(days=7)  # hours aggregated per query on a long backfill
-
-SUMS = {
-    "requests": Count("id"),
-    "input_tokens": Sum(F("prompt_tokens") - F("cached_tokens")),
-    "cached_input_tokens": Sum("cached_tokens"),
-    "output_tokens": Sum("completion_tokens"),
-    "input_cost_femtos": FemtoSum("input_cost_femtos"),  # exact whatever the total (billing.models.femtos)
-    "cached_input_cost_femtos": FemtoSum("cached_input_cost_femtos"),
-    "output_cost_femtos": FemtoSum("output_cost_femtos"),
-    "cost_femtos": FemtoSum("cost_femtos"),
-}
 DIMENSIONS = ("tenant_id", "api_key_id", "model", "tier")
-FIGURES = tuple(SUMS)
-MONEY = frozenset(name for name, total in SUMS.items() if isinstance(total, FemtoSum))
-
-
-def figure_sum(name: str):
-    """The SUM of a rollup column `name` (FemtoSum for the money ones)."""
-    return FemtoSum(name) if name in MONEY else Sum(name)
-
-
-def hour_floor(instant: datetime) -> datetime:
-    return instant.astimezone(dt_timezone.utc).replace(minute=0, second=0, microsecond=0)
-
-
-def day_floor(instant: datetime) -> datetime:
-    return hour_floor(instant).replace(hour=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +50,7 @@ def hourly_rows(*, start: datetime, end: datetime) -> list[HourlyUsage]:
     """The rollup rows of the hours in [start, end), computed from the records (not saved)."""
     grouped = (
         UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
-        .annotate(bucket=TruncHour("created_at", tzinfo=dt_timezone.utc))
+        .annotate(bucket=TruncHour("created_at", tzinfo=UTC))
         .order_by()
         .values("bucket", *DIMENSIONS)
         .annotate(**SUMS)
@@ -154,5 +128,4 @@ def hourly_usage_fill(*, now: datetime | None = None) -> FillResult:
 @transaction.atomic
 def hourly_usage_rebuild(*, start: datetime, end: datetime) -> int:
     """Recompute the hours in [start, end) (and their days) from the records; returns the hour rows written."""
-    filled = FillState.objects.filter(name=ROLLUP).values_list("end", flat=True).first()
-    return _refill(hour_floor(start), hour_floor(end), filled or hour_floor(end))
+    return _refill(hour_floor(start), hour_floor(end), rolled_up_until() or hour_floor(end))

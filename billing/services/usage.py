@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
+from billing.ledger import cached_clamp
 from billing.models import UsageRecord
 from billing.services.costs import instant, usage_rows_cost
 from billing.services.usage_sql import usage_insert_param, usage_insert_sql
@@ -50,7 +51,8 @@ def usage_record_fields(
     created_at: float | datetime | None = None,
     costing: tuple | None = None,
 ) -> dict[str, Any]:
-    """The model fields of one request's record, checked and clamped (counts >= 0, cached <= prompt).
+    """The model fields of one request's record, checked and clamped (counts >= 0, cached <= prompt:
+    billing.ledger's clamp, which every reader of the records relies on).
 
     `admitted_at` (the job's enqueued_at, unix seconds, or a datetime; default
     now) picks the price version; the cost columns are added by `usage_rows_cost`,
@@ -70,7 +72,7 @@ def usage_record_fields(
         "tier": tier[:40],
         "endpoint": endpoint[:40],
         "prompt_tokens": prompt_tokens,
-        "cached_tokens": min(max(0, int(cached_tokens)), prompt_tokens),
+        "cached_tokens": cached_clamp(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens),
         "completion_tokens": max(0, int(completion_tokens)),
         "finish_reason": finish_reason,
         "error": error or "",

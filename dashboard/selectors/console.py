@@ -2,56 +2,28 @@
 refusals, time to first token, and (for users with dashboard.view_revenue) revenue and the top
 tenants by spend.
 
-Revenue reads billing's rollups (days before the rollup's filled day, then
-its hours) and the records after the rollup's end, so it is the ledger's
-integers (femto-USD), in UTC days and months: the platform's own calendar.
+Every ledger figure is billing's (billing.selectors): revenue reads the
+rollups (days before the rollup's filled day, then its hours) and the records
+after the rollup's end, so it is the ledger's integers (femto-USD), in UTC
+days and months: the platform's own calendar.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
 
-from django.db import connection
 from django.utils import timezone
 
-from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
-from billing.models.femtos import FemtoSum
-from billing.money import usd_str
-from billing.services.latency_rollups import PercentileCont, percentile_cont
-from billing.services.rollups import ROLLUP
+from billing.selectors import (day_floor, month_containing, requests_since, spend_by_tenant, ttft_since, usd_str,
+                               worker_errors_since)
 from common.live_counts import ERRORS, REFUSALS, event_counts
 from inference.models import ServedModel
 from inference.queue import get_job_queue
 from tenants.models import Tenant, Tier
 
-UTC = dt_timezone.utc
 TOP_TENANTS = 10
 RATE_WINDOW_S = 60
-
-
-def _day_floor(instant: datetime) -> datetime:
-    return instant.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-
-
-def spend_by_tenant(*, start: datetime, end: datetime) -> dict[int, int]:
-    """tenant id -> cost (femto-USD) of [start, end); `start` on a UTC day."""
-    filled = FillState.objects.filter(name=ROLLUP).values_list("end", flat=True).first() or start
-    split = min(max(filled, start), end)
-    whole_days_end = max(min(_day_floor(split), end), start)
-    totals: dict[int, int] = defaultdict(int)
-    sources = [
-        DailyUsage.objects.filter(day__gte=start, day__lt=whole_days_end),
-        HourlyUsage.objects.filter(hour__gte=whole_days_end, hour__lt=split),
-        UsageRecord.objects.filter(created_at__gte=split, created_at__lt=end),
-    ]
-    for rows in sources:
-        for tenant_id, cost in rows.order_by().values("tenant_id").annotate(cost=FemtoSum("cost_femtos")).values_list(
-                "tenant_id", "cost"):
-            totals[tenant_id] += int(cost or 0)
-    return dict(totals)
 
 
 def _workers(now: float) -> list[dict]:
@@ -79,13 +51,7 @@ def _queues() -> list[dict]:
 
 
 def _ttft_last_hour(since: datetime) -> dict:
-    records = UsageRecord.objects.filter(created_at__gte=since, ttft_s__isnull=False).order_by()
-    if connection.vendor == "postgresql":
-        row = records.aggregate(p50=PercentileCont("ttft_s", 0.5), p95=PercentileCont("ttft_s", 0.95))
-        p50, p95 = row["p50"], row["p95"]
-    else:
-        samples = sorted(records.values_list("ttft_s", flat=True))
-        p50, p95 = percentile_cont(samples, 0.5), percentile_cont(samples, 0.95)
+    p50, p95 = ttft_since(since=since)
     return {"p50_s": None if p50 is None else round(p50, 4), "p95_s": None if p95 is None else round(p95, 4)}
 
 
@@ -94,9 +60,9 @@ def console_summary(*, now: datetime | None = None, revenue: bool = True) -> dic
     (a user lacking dashboard.view_revenue) no revenue figure or tenant's spend is read or returned."""
     now = now or timezone.now()
     hour_ago = now - timedelta(hours=1)
-    recent = UsageRecord.objects.filter(created_at__gte=now - timedelta(seconds=RATE_WINDOW_S)).count()
+    recent = requests_since(since=now - timedelta(seconds=RATE_WINDOW_S))
     errors = event_counts(ERRORS)
-    worker_errors = UsageRecord.objects.filter(created_at__gte=hour_ago, finish_reason="error").count()
+    worker_errors = worker_errors_since(since=hour_ago)
     if worker_errors:
         errors["worker error (usage records)"] = worker_errors
     summary = {
@@ -114,9 +80,9 @@ def console_summary(*, now: datetime | None = None, revenue: bool = True) -> dic
 
 
 def _revenue(now: datetime) -> dict:
-    month_start = _day_floor(now).replace(day=1)
+    month_start = month_containing(instant=now, tz="UTC").start
     month = spend_by_tenant(start=month_start, end=now)
-    today = spend_by_tenant(start=_day_floor(now), end=now)
+    today = spend_by_tenant(start=day_floor(now), end=now)
     top_ids = sorted(month, key=lambda tenant_id: -month[tenant_id])[:TOP_TENANTS]
     names = dict(Tenant.objects.filter(pk__in=top_ids).values_list("pk", "slug"))
     return {

@@ -8,12 +8,8 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from billing.admission.base import QUOTA, SPEND
-from billing.money import femtos_to_usd
-from billing.periods import Period, month_containing
-from billing.services.admission_ledger import ledger_totals
-from dashboard.selectors.days import days_between, today_in
-from dashboard.selectors.usage import usage_by_day, usage_totals
+from billing.selectors import (Period, admission_used, days_between, femtos_to_usd, month_containing, today_in,
+                               usage_by_day, usage_totals)
 from tenants.models import Tenant
 from tenants.services.limits import LimitSource, limits_explain
 
@@ -24,7 +20,7 @@ NANOS_PER_USD = 10**9
 class Overview:
     period: Period
     totals: dict[str, int]  # billing's FIGURES over the period so far
-    quota_used: int  # tokens, as admission counts them (billing.services.admission_ledger)
+    quota_used: int  # tokens, as admission counts them (billing.ledger.ledger_totals)
     budget_used_nanos: int  # nano-USD, as admission counts them
     limits: list[LimitSource]
     by_day: dict[date, dict[str, int]] = field(default_factory=dict)  # the period's days so far (the chart)
@@ -64,6 +60,6 @@ def overview_get(*, tenant: Tenant, now: datetime | None = None) -> Overview:
     days = days_between(first=period.month, last=today_in(tenant.timezone, now), tz=tenant.timezone)
     by_day = usage_by_day(tenant=tenant, days=days)
     totals = usage_totals(by_day)
-    used = ledger_totals(scope=f"t{tenant.pk}", start=period.start, end=period.end)  # what admission counts
-    return Overview(period=period, totals=totals, quota_used=used[QUOTA], budget_used_nanos=used[SPEND],
+    quota_used, budget_used_nanos = admission_used(tenant=tenant, period=period)  # what admission counts
+    return Overview(period=period, totals=totals, quota_used=quota_used, budget_used_nanos=budget_used_nanos,
                     limits=limits_explain(tenant=tenant), by_day=by_day)

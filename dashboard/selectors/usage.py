@@ -1,100 +1,16 @@
-"""A tenant's usage per local day: tokens by kind, requests, spend (from billing's rollups and records),
-and time to first token and error rate (from the records).
-
-Token and cost figures go through billing.usage_buckets (whole days or hours
-from the rollups, the part the rollup has not reached from the records), so
-they are the ledger's integers. A day is a local day of the tenant
-(selectors.days); TTFT percentiles and errors of closed days are stored by
-billing's hourly rollup (billing.services.latency_rollups), the open day's
-computed from the records with the same percentile_cont definition.
-"""
+"""A tenant's usage for the dashboard's pages: billing's reads (billing.selectors: figures per local day,
+latency, totals), the usage page's longest range, and the models filter kept a minute per process."""
 
 from __future__ import annotations
 
-from datetime import date, timedelta
-
-from billing.models import UsageRecord
-from billing.services.latency_rollups import latency_of_days, stored_latency
-from billing.usage_buckets import FIGURES, Query, usage_sums
+from billing.selectors import latency_by_day, tenant_models, usage_by_day, usage_totals
 from common.cache import TtlCache
-from dashboard.selectors.days import HOUR, Days, hour_floor
 from tenants.models import Tenant
+
+__all__ = ["MAX_RANGE_DAYS", "latency_by_day", "models_used", "usage_by_day", "usage_totals"]
 
 MAX_RANGE_DAYS = 92  # the usage page's longest range
 MODELS_USED_TTL_S = 60  # a new model shows in the filter within a minute
-
-
-def _empty() -> dict[str, int]:
-    return dict.fromkeys(FIGURES, 0)
-
-
-def _add_into(target: dict[str, int], sums: dict[str, int]) -> None:
-    for name in FIGURES:
-        target[name] += sums[name]
-
-
-def _sums(tenant: Tenant, start, end, width: str, models, api_key_ids):
-    return usage_sums(Query(tenant=tenant, start=start, end=end, width=width, models=tuple(models),
-                            api_key_ids=tuple(api_key_ids)))
-
-
-def usage_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict[str, int]]:
-    """Local day -> billing's FIGURES (requests, tokens by kind, costs in femto-USD), every day present."""
-    out = {day: _empty() for day in days.days}
-    if days.utc_days:
-        for bucket, groups in _sums(tenant, days.start, days.end, "1d", models, api_key_ids).items():
-            day = days.day_of(bucket)
-            if day is not None:
-                for sums in groups.values():
-                    _add_into(out[day], sums)
-        return out
-    split = set(days.split_hours())
-    end = hour_floor(days.end) + (HOUR if days.end != hour_floor(days.end) else timedelta(0))
-    buckets = dict(_sums(tenant, hour_floor(days.start), end, "1h", models, api_key_ids))
-    for hour in split:  # the hours two local days share: per minute, from the records
-        for bucket in list(buckets):
-            if bucket == hour:
-                del buckets[bucket]
-        buckets.update(_sums(tenant, hour, hour + HOUR, "1m", models, api_key_ids))
-    for bucket, groups in buckets.items():
-        day = days.day_of(bucket)
-        if day is not None:
-            for sums in groups.values():
-                _add_into(out[day], sums)
-    return out
-
-
-def latency_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict]:
-    """Local day -> requests, errors, error_rate, ttft_p50_s, ttft_p95_s (None without a first token).
-
-    Unfiltered, the closed days the hourly rollup has reached read their stored figures (exact, built
-    from their records); the rest (the open day, days not yet built, any model or key filter) are
-    computed from the records with the same definition (billing.services.latency_rollups).
-    """
-    stored = {} if (models or api_key_ids) else stored_latency(tenant=tenant, tz=days.tz, days=days.days)
-    ends = (*days.starts[1:], days.end)
-    spans = [(day, start, end) for day, start, end in zip(days.days, days.starts, ends) if day not in stored]
-    records = UsageRecord.objects.filter(tenant=tenant)
-    if models:
-        records = records.filter(model__in=list(models))
-    if api_key_ids:
-        records = records.filter(api_key_id__in=list(api_key_ids))
-    out = {**stored, **latency_of_days(records, tz=days.tz, spans=spans)}
-    out = {day: out[day] for day in days.days}
-    for figures in out.values():
-        figures["error_rate"] = figures["errors"] / figures["requests"] if figures["requests"] else 0.0
-        for name in ("ttft_p50_s", "ttft_p95_s"):
-            if figures[name] is not None:
-                figures[name] = round(float(figures[name]), 4)
-    return out
-
-
-def usage_totals(by_day: dict[date, dict[str, int]]) -> dict[str, int]:
-    total = _empty()
-    for sums in by_day.values():
-        _add_into(total, sums)
-    return total
-
 
 _models_used: TtlCache[int, list[str]] = TtlCache("models per tenant (dashboard filter)", ttl=MODELS_USED_TTL_S,
                                                   max_entries=10_000)
@@ -102,12 +18,4 @@ _models_used: TtlCache[int, list[str]] = TtlCache("models per tenant (dashboard 
 
 def models_used(*, tenant: Tenant) -> list[str]:
     """The models in the tenant's rollups and latest records (the usage page's filter), kept a minute."""
-    from billing.models import DailyUsage
-
-    def load() -> list[str]:
-        return sorted(set(DailyUsage.objects.filter(tenant=tenant).order_by().values_list("model", flat=True)
-                          .distinct())
-                      | set(UsageRecord.objects.filter(tenant=tenant).order_by("-created_at")
-                            .values_list("model", flat=True)[:200]))
-
-    return _models_used.get_or_load(tenant.pk, load)
+    return _models_used.get_or_load(tenant.pk, lambda: tenant_models(tenant=tenant))

@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from billing.services.admission_ledger import alert_percents_forget
+from billing.selectors import alert_percents_forget
 from common.errors import ApiError
 from dashboard.forms import ApiKeyCreateForm, BudgetAlertsForm, BudgetForm
 from dashboard.views.access import membership_or_404, require

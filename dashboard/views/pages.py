@@ -9,12 +9,10 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 
-from billing.money import usd_str
-from billing.selectors import invoices_of
+from billing.selectors import days_between, invoices_of, today_in, usd_str
 from dashboard.charts import usage_charts
 from dashboard.forms import UsageFilterForm
 from dashboard.overview_visuals import allowance_bars, overview_chart_spec
-from dashboard.selectors.days import days_between, today_in
 from dashboard.selectors.overview import overview_get
 from dashboard.selectors.usage import latency_by_day, models_used, usage_by_day
 from dashboard.usage_table import usage_table_rows

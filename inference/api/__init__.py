@@ -5,8 +5,9 @@
 - `model_access`: which models exist, which a tier may use, their context length.
 - `services`: tokenise, apply tier limits, build and submit the queue `Job`.
 - `replies`: the process's shared reply channel, demultiplexing events by request id.
-- `events`: read one job's events (`JobRun`, inference.protocol), cancel it when the reader leaves,
+- `job_run`: read one job's events (`JobRun`, inference.protocol), cancel it when the reader leaves,
   and turn them into the response chunks every path renders (`job_chunks`).
 - `responses`: `chat.completion`, `chat.completion.chunk` and `text_completion` objects.
-- `views`: the async REST + SSE endpoints; `inference.consumers` serves the WebSocket.
+- `completion_views`: the async REST + SSE completion endpoints; `inference.consumers` serves the
+  WebSocket, `inference.views` the small ones (health, metrics, models, OpenAPI).
 """

@@ -19,7 +19,8 @@ Redis mode's throughput. Now it is one message per process per engine step.
 
 An engine in this same process (the embedded worker) skips the channel layer:
 the worker's sink calls `deliver` on the reply channel's event loop directly
-with the `Batch` itself (inference.protocol, in-process delivery).
+with the `Batch` itself (inference.protocol, in-process delivery), once the worker
+pool (inference.serving) registered the channel when it opened.
 
 Liveness: while requests wait, the channel refreshes a key in the queue's
 store every settings.REPLY_ALIVE_INTERVAL_S (`JobQueue.reply_channels_touch`,
@@ -46,7 +47,8 @@ from typing import Any
 from django.conf import settings
 
 from common.outage import Outage
-from inference.protocol import Batch, Event, local_receiver_register
+from inference.protocol import Batch, Event
+from inference.serving import get_worker_pool
 
 logger = logging.getLogger(__name__)
 _receive_outage = Outage(logger, "web: reply channel (Redis)")
@@ -144,7 +146,7 @@ class ReplyChannel:
                     # (see _receive_loop): on our Redis layer it pops without channels_redis's backups
                     self._receive = self.layer.receive_single_reader
                 # an engine thread in this process (embedded worker) delivers here without the layer
-                local_receiver_register(name, self)
+                get_worker_pool().reply_channel_opened(name, self)
         return self.name
 
     # ------------------------------------------------------------ liveness

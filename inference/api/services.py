@@ -14,14 +14,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from django.conf import settings
-
 from common.cache import TtlCache
 from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 from common.outage import Outage
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
 from inference.api.schemas import CHAT, ApiRequest, api_param
 from inference.metrics.gateway import refusal_count
+from inference.serving import get_worker_pool
 
 logger = logging.getLogger(__name__)
 
@@ -219,16 +218,9 @@ def job_build(*, prepared: PreparedRequest, reply_channel: str):
 
 
 async def _capacity_check(model: str) -> None:
-    if settings.EMBEDDED_WORKER:
-        # Called on the event loop on purpose: it records this loop, on which the
-        # engine thread delivers in-memory channel-layer events. Idempotent and
-        # cheap after the first call (the engine itself loads in its thread).
-        from inference.worker.embedded import ensure_embedded_worker
-
-        try:
-            ensure_embedded_worker(model)
-        except Exception as exc:
-            raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
+    pool = get_worker_pool()
+    pool.start(model)  # on the event loop on purpose (an engine in this process delivers on it)
+    if not pool.has_heartbeats:
         return
     # Heartbeats come every second; trusting a positive answer for two more
     # seconds spares a Redis round trip per request, and a request that finds
@@ -316,7 +308,7 @@ async def ajob_submit(*, prepared: PreparedRequest):
 async def _enqueue(prepared: PreparedRequest):
     from channels.layers import get_channel_layer
 
-    from inference.api.events import JobRun, job_cancel
+    from inference.api.job_run import JobRun, job_cancel
     from inference.api.replies import reply_channel_get
     from inference.queue import QueueFull, QueueUnavailable, get_job_queue
 

@@ -3,68 +3,105 @@ back the one in flight.
 
 `step()` schedules, prepares and launches step N+1 before reading back the tokens of step N
 (`Sequence.pending`: a decode input taken on the device from step N's sampled ids), then takes
-those tokens and builds their outputs while step N+1 computes. Part of `Engine` (a mixin: it uses
-the engine's scheduler, runner, sampler, timers and token handling).
+those tokens and builds their outputs while step N+1 computes. A request that finishes (stop
+token, stop string) has had one more step launched for it; that step's token is dropped. Rows that
+need their history on the host (penalties, logprobs) read the step back first.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+from inference.engine.block_manager import BlockManager
+from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import RequestOutput
-from inference.engine.sampler import PendingSample
-from inference.engine.scheduler import ScheduledBatch
+from inference.engine.sampler import PendingSample, Sampler
+from inference.engine.scheduler import ScheduledBatch, Scheduler
 from inference.engine.sequence import SeqStatus
+from inference.engine.step_isolation import StepFailureHandler
+from inference.engine.step_meter import StepMeter
+from inference.engine.token_outputs import TokenOutputs
 
 FINISHED = SeqStatus.FINISHED
 
 
-class AsyncSchedulingSteps:
-    def _step_ahead(self, on_first_tokens) -> list[RequestOutput]:
-        outputs, self._pending = self._pending, []
-        prev, self._inflight = self._inflight, None
-        if prev is not None and self._inflight_needs_host:
+class AsyncSchedulingOrder:
+    """Steps launched one ahead: `scheduler` batches, `runner` computes, `sampler` samples (on the
+    device, read back a step later), `tokens` takes and emits, `block_manager` caches the blocks a
+    late token completes, `failures` handles a step that raises, `meter` counts and times."""
+
+    def __init__(self, *, scheduler: Scheduler, block_manager: BlockManager, runner: ModelRunner,
+                 sampler: Sampler, tokens: TokenOutputs, failures: StepFailureHandler, meter: StepMeter) -> None:
+        self.scheduler = scheduler
+        self.block_manager = block_manager
+        self.runner = runner
+        self.sampler = sampler
+        self.tokens = tokens
+        self.failures = failures
+        self.meter = meter
+        # the launched step whose tokens are not read back yet, and whether the next schedule must wait
+        # for them (a row whose sampling reads its token history on the host)
+        self.inflight: PendingSample | None = None
+        self.inflight_needs_host = False
+
+    def holds_work(self) -> bool:
+        """A launched step not read back yet."""
+        return self.inflight is not None
+
+    def step(self, outputs: list[RequestOutput],
+             on_first_tokens: Callable[[list[str]], None] | None) -> list[RequestOutput]:
+        """Launch the next step, then land the one in flight; their outputs appended to `outputs`."""
+        prev, self.inflight = self.inflight, None
+        if prev is not None and self.inflight_needs_host:
             outputs += self._land(prev)  # its rows' sampling needs their latest token on the host
             prev = None
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         t1 = time.perf_counter()
-        self.timers["schedule_s"] += t1 - t0
+        self.meter.timers["schedule_s"] += t1 - t0
         if batch:
             if on_first_tokens is not None:
                 batch.notify_first_tokens(on_first_tokens)
-            try:
-                inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens,
-                                             prev.tokens if prev is not None else None)
-                t2 = time.perf_counter()
-                seqs, logits = self.runner.run(*inputs)
-                t3 = time.perf_counter()
-                inflight = self.sampler.launch(logits, seqs) if seqs else None
-            except Exception as exc:  # noqa: BLE001 - land the step in flight, then rerun this one in parts
-                if prev is not None:
-                    outputs += self._land(prev)
-                live = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if s.status is not FINISHED]
-                return outputs + self._recover(ScheduledBatch([s for s, _ in live], [n for _, n in live]), exc)
-            self.scheduler.postprocess(batch)
-            if self._failed_steps:
-                self._failed_steps = 0
-            if seqs:
-                self._inflight = inflight
-                needs_host = False
-                for i, seq in enumerate(seqs):
-                    seq.pending += 1
-                    seq.pending_row = i
-                    sp = seq.sampling
-                    needs_host = needs_host or sp.logprobs is not None or sp.has_penalties
-                self._inflight_needs_host = needs_host
-            t4 = time.perf_counter()
-            self.timers["prepare_s"] += t2 - t1
-            self.timers["model_s"] += t3 - t2
-            self.timers["sample_s"] += t4 - t3
-            self._count(batch, len(seqs), time.time())
+            recovered = self._launch(batch, prev, t1)
+            if recovered is not None:
+                return outputs + recovered
         if prev is not None:
             outputs += self._land(prev)  # while the step just launched computes
         return outputs
+
+    def _launch(self, batch: ScheduledBatch, prev: PendingSample | None, t1: float) -> list[RequestOutput] | None:
+        """Prepare and launch `batch` (scheduled by `t1`), its decode inputs taken from `prev`'s tokens on
+        the device. None once launched; if it raised, the outputs of landing `prev` and of rerunning
+        `batch` in parts (the step is over)."""
+        try:
+            inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens, prev.tokens if prev is not None else None)
+            t2 = time.perf_counter()
+            seqs, logits = self.runner.run(*inputs)
+            t3 = time.perf_counter()
+            inflight = self.sampler.launch(logits, seqs) if seqs else None
+        except Exception as exc:  # noqa: BLE001 - land the step in flight, then rerun this one in parts
+            outputs = self._land(prev) if prev is not None else []
+            live = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if s.status is not FINISHED]
+            return outputs + self.failures.recover(ScheduledBatch([s for s, _ in live], [n for _, n in live]), exc)
+        self.scheduler.postprocess(batch)
+        self.failures.step_ran()
+        if seqs:
+            self.inflight = inflight
+            needs_host = False
+            for i, seq in enumerate(seqs):
+                seq.pending += 1
+                seq.pending_row = i
+                sp = seq.sampling
+                needs_host = needs_host or sp.logprobs is not None or sp.has_penalties
+            self.inflight_needs_host = needs_host
+        t4 = time.perf_counter()
+        timers = self.meter.timers
+        timers["prepare_s"] += t2 - t1
+        timers["model_s"] += t3 - t2
+        timers["sample_s"] += t4 - t3
+        self.meter.count(batch, len(seqs), time.time())
+        return None
 
     def _land(self, pending: PendingSample) -> list[RequestOutput]:
         """Read back a launched step's tokens, take them and build their outputs. A row whose request
@@ -75,14 +112,17 @@ class AsyncSchedulingSteps:
         except Exception as exc:  # noqa: BLE001 - reading back a launched step fails only on a broken device
             for seq in pending.seqs:
                 seq.pending -= 1
-            return self._die(exc)
+            outputs = self.failures.die(exc)
+            self.inflight = None  # the engine is dead: the step launched meanwhile is never landed
+            return outputs
         t1 = time.perf_counter()
         now = time.time()
         taken = []
         outputs: list[RequestOutput] = []
         bm = self.block_manager
         bs = bm.block_size if bm.enable_prefix_caching else 0
-        token_ids, lps, take = sampled.token_ids, sampled.logprobs, self._take_token
+        tokens = self.tokens
+        token_ids, lps, take = sampled.token_ids, sampled.logprobs, tokens.take
         for i, seq in enumerate(pending.seqs):
             seq.pending -= 1
             if seq.status is FINISHED:
@@ -90,13 +130,14 @@ class AsyncSchedulingSteps:
             try:
                 taken.append(take(seq, token_ids[i], None if lps is None else lps[i], now))
             except Exception as exc:  # noqa: BLE001 - this sequence's own failure ends it alone
-                outputs.append(self._fail_seq(seq, exc))
+                outputs.append(tokens.fail(seq, exc))
                 continue
             if bs and len(seq.token_ids) % bs == 0 and not seq.is_finished:
                 bm.cache_full_blocks(seq)  # a block completed by this token, computed before it was known
         t2 = time.perf_counter()
-        outputs += self._emit_all(taken, now)
-        self.timers["sample_s"] += t1 - t0
-        self.timers["take_s"] += t2 - t1
-        self.timers["output_s"] += time.perf_counter() - t2
+        outputs += tokens.emit_all(taken, now)
+        timers = self.meter.timers
+        timers["sample_s"] += t1 - t0
+        timers["take_s"] += t2 - t1
+        timers["output_s"] += time.perf_counter() - t2
         return outputs

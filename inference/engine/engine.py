@@ -9,6 +9,13 @@ One `step()` schedules a batch (scheduler + block manager), runs the model on
 it (model runner), samples the rows that are due (sampler) and turns the new
 tokens into text deltas and stop decisions (detokenizer + stop checker).
 
+The engine holds its parts and wires them; each part is given the others it uses:
+the step order (`SyncStepOrder` in inference.engine.sync_step, or
+`AsyncSchedulingOrder` in inference.engine.async_step) runs a step; `TokenOutputs`
+(inference.engine.token_outputs) takes sampled tokens and builds their outputs;
+`StepFailureHandler` (inference.engine.step_isolation) handles a step that raises;
+`StepMeter` (inference.engine.step_meter) counts and times the steps.
+
 With `async_output` (the default on CUDA) the host work that the next step does
 not need is deferred so that it overlaps the GPU: a step appends its tokens and
 decides stop tokens and length limits at once, then builds their text deltas,
@@ -41,37 +48,35 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
-from collections import deque
 from collections.abc import Callable
 
 import torch
 
 from kernels.dispatch import get_ops
 
-from inference.engine.async_step import AsyncSchedulingSteps
+from inference.engine.async_step import AsyncSchedulingOrder
 from inference.engine.block_manager import BlockManager
 from inference.engine.config import EngineConfig, resolve_step_order
 from inference.engine.detokenizer import detokenizer_for
 from inference.engine.fingerprint import system_fingerprint
 from inference.engine.logprobs import LogprobFormatter
 from inference.engine.model_runner import ModelRunner
-from inference.engine.outputs import RequestOutput, Timing, Usage
-from inference.engine.sampler import PendingSample, Sampler
+from inference.engine.outputs import RequestOutput, request_output
+from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import EngineValidationError, PromptTooLongError, SamplingParams
 from inference.engine.scheduler import Scheduler
 from inference.engine.scheduler_policy import PriorityPolicy
-from inference.engine.sequence import Sequence, SeqStatus
-from inference.engine.step_isolation import EngineDeadError, StepFailures
+from inference.engine.sequence import Sequence
+from inference.engine.step_isolation import EngineDeadError, StepFailureHandler
+from inference.engine.step_meter import StepMeter
 from inference.engine.stop_checker import StopChecker
+from inference.engine.sync_step import SyncStepOrder
+from inference.engine.token_outputs import TokenOutputs
 
 logger = logging.getLogger(__name__)
 
-_RATE_WINDOW_S = 10.0
-FINISHED = SeqStatus.FINISHED
 
-
-class Engine(StepFailures, AsyncSchedulingSteps):
+class Engine:
     def __init__(self, config: EngineConfig, *, loaded=None) -> None:
         """`loaded`: an already loaded model (inference.engine.loader.LoadedModel) to share
         weights between engines, e.g. in tests; it must match config.model/dtype/device."""
@@ -97,22 +102,8 @@ class Engine(StepFailures, AsyncSchedulingSteps):
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.config.max_position_embeddings)
         self.kv_plan = engine_kv_plan(config, loaded.config, device=self.device, dtype=dtype,
                                       max_model_len=self.max_model_len, free_bytes=free_bytes, weights=own_weights)
-        num_blocks = self.kv_plan.num_blocks
         logger.info("%s on %s: KV cache %s", config.model, self.device, self.kv_plan.describe())
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            self.block_manager,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            policy=PriorityPolicy(aging_s=config.priority_aging_s, max_preemptions=config.max_preemptions),
-        )
-        self.runner = ModelRunner(loaded.model, loaded.config, num_blocks=num_blocks,
-                                  block_size=config.block_size, dtype=dtype, device=self.device,
-                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                  cuda_graphs=config.cuda_graphs, batch_invariant=config.batch_invariant,
-                                  prefill_graphs=config.prefill_graphs,
-                                  max_num_batched_tokens=config.max_num_batched_tokens,
-                                  fp8_weights=config.fp8_weights, fp8_lm_head=config.fp8_lm_head)
+        self._build_model_parts(config, self.kv_plan.num_blocks, dtype)
         # what decides this engine's tokens, hashed (OpenAI's system_fingerprint; inference.engine.fingerprint)
         self.system_fingerprint = system_fingerprint(weights=loaded.source.path, dtype=dtype, device=self.device,
                                                      backend=get_ops(self.device).backend
@@ -124,25 +115,60 @@ class Engine(StepFailures, AsyncSchedulingSteps):
         if self.tokenizer.byte_level:
             self.tokenizer.token_text_table()  # now, not in the first request's step (detokenizer, logprobs)
         self._pending: list[RequestOutput] = []  # abort notices for the next step()
-        # async_output: (seq, token, sampled logprobs, output count, stopped by a stop token) awaiting their outputs
-        self._deferred: list[tuple] = []
         self.async_output, self.async_scheduling = resolve_step_order(
             self.device.type, config.async_output, config.async_scheduling)
-        # async_scheduling: the launched step whose tokens are not read back yet, and whether the next
-        # schedule must wait for them (a row whose sampling reads its token history on the host)
-        self._inflight: PendingSample | None = None
-        self._inflight_needs_host = False
         self._ids = itertools.count()
-        self.dead: str | None = None  # why the engine stopped taking requests (a broken device), if it did
-        self._failed_steps = 0  # steps in a row whose every scheduled request failed alone
-        self._recent: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
-        self.counters = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0}
-        # Wall time per phase of step(); everything but model_s is engine overhead. take_s: appending the
-        # sampled tokens and their stop-token / length checks (what the next schedule needs: with
-        # async_output on a GPU, host time between two forwards, with schedule_s and prepare_s);
-        # output_s: text deltas, stop strings, RequestOutputs (async_output: while the GPU runs).
-        self.timers = {"schedule_s": 0.0, "prepare_s": 0.0, "model_s": 0.0, "sample_s": 0.0, "take_s": 0.0,
-                       "output_s": 0.0}
+        self._wire_step()
+
+    def _build_model_parts(self, config: EngineConfig, num_blocks: int, dtype: torch.dtype) -> None:
+        """The KV cache's block manager, the scheduler over it and the model runner."""
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            policy=PriorityPolicy(aging_s=config.priority_aging_s, max_preemptions=config.max_preemptions),
+        )
+        loaded = self.loaded
+        self.runner = ModelRunner(loaded.model, loaded.config, num_blocks=num_blocks,
+                                  block_size=config.block_size, dtype=dtype, device=self.device,
+                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                                  cuda_graphs=config.cuda_graphs, batch_invariant=config.batch_invariant,
+                                  prefill_graphs=config.prefill_graphs,
+                                  max_num_batched_tokens=config.max_num_batched_tokens,
+                                  fp8_weights=config.fp8_weights, fp8_lm_head=config.fp8_lm_head)
+
+    def _wire_step(self) -> None:
+        """The collaborators of a step, each given the parts it uses: token handling, step-failure
+        handling, the meter, and the step order (sync, with or without deferred outputs, or async
+        scheduling)."""
+        self.meter = StepMeter()
+        self.tokens = TokenOutputs(self.scheduler, self.logprob_formatter)
+        self.failures = StepFailureHandler(scheduler=self.scheduler, runner=self.runner, sampler=self.sampler,
+                                           tokens=self.tokens, meter=self.meter)
+        parts = dict(scheduler=self.scheduler, runner=self.runner, sampler=self.sampler, tokens=self.tokens,
+                     failures=self.failures, meter=self.meter)
+        self.step_order: SyncStepOrder | AsyncSchedulingOrder = (
+            AsyncSchedulingOrder(block_manager=self.block_manager, **parts) if self.async_scheduling
+            else SyncStepOrder(async_output=self.async_output, **parts))
+
+    @property
+    def dead(self) -> str | None:
+        """Why the engine stopped taking requests (a broken device), if it did."""
+        return self.failures.dead
+
+    @property
+    def counters(self) -> dict:
+        return self.meter.counters
+
+    @property
+    def timers(self) -> dict:
+        """Wall time per phase of step() (inference.engine.step_meter)."""
+        return self.meter.timers
+
+    @timers.setter
+    def timers(self, timers: dict) -> None:
+        self.meter.timers = timers
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -180,12 +206,11 @@ class Engine(StepFailures, AsyncSchedulingSteps):
         seq = self.scheduler.abort(request_id)
         if seq is None:
             return False
-        self._pending.append(self._output(seq, [], "", None))
+        self._pending.append(request_output(seq, [], "", None))
         return True
 
     def has_unfinished(self) -> bool:
-        return (self.scheduler.has_unfinished() or bool(self._pending) or bool(self._deferred)
-                or self._inflight is not None)
+        return self.scheduler.has_unfinished() or bool(self._pending) or self.step_order.holds_work()
 
     # ---- one iteration ------------------------------------------------------------------------
     def step(self, *, on_first_tokens: Callable[[list[str]], None] | None = None) -> list[RequestOutput]:
@@ -196,158 +221,8 @@ class Engine(StepFailures, AsyncSchedulingSteps):
         ids of the requests whose first token this step samples (a worker marks them started in
         its queue while the model computes).
         """
-        if self.async_scheduling:
-            return self._step_ahead(on_first_tokens)
         outputs, self._pending = self._pending, []
-        t0 = time.perf_counter()
-        batch = self.scheduler.schedule()
-        t1 = time.perf_counter()
-        self.timers["schedule_s"] += t1 - t0
-        if not batch:
-            if self._deferred:
-                outputs += self._emit_deferred()
-                self.timers["output_s"] += time.perf_counter() - t1
-            return outputs
-        if on_first_tokens is not None:
-            batch.notify_first_tokens(on_first_tokens)
-        try:
-            inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens)
-            t1b = time.perf_counter()
-            seqs, logits = self.runner.run(*inputs)
-            t2 = time.perf_counter()
-            pending = self.sampler.launch(logits, seqs) if seqs else None
-        except Exception as exc:  # noqa: BLE001 - pinned to its request(s) below
-            return outputs + self._emit_deferred() + self._recover(batch, exc)
-        self.scheduler.postprocess(batch)
-        t2b = time.perf_counter()
-        if self.async_output:
-            outputs += self._emit_deferred()  # the previous step's outputs, while the GPU works
-        t2c = time.perf_counter()
-        try:
-            sampled = self.sampler.finish(pending) if pending is not None else None
-        except Exception as exc:  # noqa: BLE001
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):  # undo postprocess: the step is rerun
-                seq.num_computed_tokens -= n
-            return outputs + self._recover(batch, exc)
-        t3 = time.perf_counter()
-        now = time.time()
-        taken = []
-        if sampled is not None:
-            taken = self._take_all(seqs, sampled.token_ids, sampled.logprobs, now, outputs)
-        t3b = time.perf_counter()
-        if self.async_output:
-            self._deferred = taken
-        else:
-            outputs += self._emit_all(taken, now)
-        if self._failed_steps:
-            self._failed_steps = 0
-        t4 = time.perf_counter()
-        self.timers["sample_s"] += (t2b - t2) + (t3 - t2c)
-        self.timers["take_s"] += t3b - t3
-        self.timers["output_s"] += (t2c - t2b) + (t4 - t3b)
-        self.timers["prepare_s"] += t1b - t1
-        self.timers["model_s"] += t2 - t1b
-        self._count(batch, len(seqs), now)
-        return outputs
-
-    def _count(self, batch, num_sampled: int, now: float) -> None:
-        n_prompt = batch.num_tokens - num_sampled
-        self.counters["steps"] += 1
-        self.counters["prompt_tokens"] += n_prompt
-        self.counters["generated_tokens"] += num_sampled
-        self._recent.append((now, n_prompt, num_sampled))
-        while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
-            self._recent.popleft()
-
-    # ---- a sampled token, in two halves: what the next schedule needs, then its output -----------
-    # Synchronous engines run both in the same step; with async_output the second half of a step's
-    # tokens runs during the next step.
-    def _take_token(self, seq: Sequence, token: int, lp, now: float) -> tuple:
-        """Append the token and decide stop tokens and length limits (finishing the request at once)."""
-        out = seq.output_token_ids
-        out.append(token)  # Sequence.append_token, inline: this runs for every sequence every step
-        seq.token_ids.append(token)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        n_out = len(out)
-        stopper = seq.stopper
-        stop = stopper.check_token(token, n_out)
-        if stop is not None:
-            reason, seq.stop_reason = stop
-            self.scheduler.finish(seq, reason)
-        elif stopper.check_length(n_out, len(seq.token_ids)):
-            self.scheduler.finish(seq, "length")
-        return seq, token, lp, n_out, stop is not None
-
-    def _emit_deferred(self) -> list[RequestOutput]:
-        """The previous step's outputs (async_output)."""
-        deferred, self._deferred = self._deferred, []
-        # aborted since: its abort notice is the last word
-        return self._emit_all([taken for taken in deferred if taken[0].finish_reason != "abort"], time.time())
-
-    def _take_all(self, seqs: list[Sequence], token_ids: list[int], lps, now: float,
-                  outputs: list[RequestOutput]) -> list[tuple]:
-        """`_take_token` for each sampled row; a row that fails ends its request alone (into `outputs`)."""
-        taken = []
-        take = self._take_token
-        for i, seq in enumerate(seqs):
-            if seq.status is FINISHED:  # async_output: a late stop string or an abort; this token is dropped
-                continue
-            try:
-                taken.append(take(seq, token_ids[i], None if lps is None else lps[i], now))
-            except Exception as exc:  # noqa: BLE001 - this sequence's own failure ends it alone
-                outputs.append(self._fail_seq(seq, exc))
-        return taken
-
-    def _emit_all(self, taken: list[tuple], now: float) -> list[RequestOutput]:
-        """`_emit` for each taken token; one that fails (detokenizing, stop strings) ends its request alone."""
-        outputs = []
-        emit = self._emit
-        for t in taken:
-            try:
-                outputs.append(emit(t, now))
-            except Exception as exc:  # noqa: BLE001
-                outputs.append(self._fail_seq(t[0], exc))
-        return outputs
-
-    def _emit(self, taken: tuple, now: float) -> RequestOutput:
-        """Text delta and stop strings of a taken token, and its RequestOutput. A stop string in the
-        text wins over a length limit reached by the same token."""
-        seq, token, lp, n_out, stopped_by_token = taken
-        stopper = seq.stopper
-        text, hit = "", None
-        if not stopped_by_token:
-            text, hit = stopper.feed(seq.detok.add(token), n_out)
-            if hit is not None:
-                seq.stop_reason = hit
-                if seq.status is FINISHED:
-                    seq.finish_reason = "stop"
-                else:
-                    self.scheduler.finish(seq, "stop")
-        if hit is None and seq.status is FINISHED:  # flush what the detokenizer and stop checker hold
-            tail, hit = stopper.feed(seq.detok.finish(), n_out)
-            text += tail
-            if hit is not None:
-                seq.finish_reason, seq.stop_reason = "stop", hit
-            else:
-                text += stopper.flush()
-        logprobs = [self.logprob_formatter.format(token, lp)] if lp is not None else None
-        return self._output(seq, [token], text, logprobs, now)
-
-    def _output(self, seq: Sequence, tokens: list[int], text: str, logprobs, now: float | None = None) -> RequestOutput:
-        arrival, end = seq.arrival_time, seq.finish_time
-        if end is None:
-            end = time.time() if now is None else now
-        scheduled, first = seq.first_scheduled_time, seq.first_token_time
-        # Built for every sequence every step: the three records by position (their fields' order), attributes
-        # read directly (keyword arguments and property calls were half of this function's time).
-        return RequestOutput(
-            seq.request_id, tokens, text, logprobs, seq.status is FINISHED, seq.finish_reason,
-            Usage(len(seq.prompt_token_ids), seq.cached_tokens, len(seq.output_token_ids)),
-            Timing(None if scheduled is None else scheduled - arrival, None if first is None else first - arrival,
-                   end - arrival),
-            seq.stop_reason,
-        )
+        return self.step_order.step(outputs, on_first_tokens)
 
     # ---- offline batch ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
@@ -380,9 +255,7 @@ class Engine(StepFailures, AsyncSchedulingSteps):
     # ---- introspection ------------------------------------------------------------------------
     def stats(self) -> dict:
         bm = self.block_manager
-        span = (self._recent[-1][0] - self._recent[0][0]) if len(self._recent) > 1 else 0.0
-        prompt_rate = sum(r[1] for r in self._recent) / span if span > 0 else 0.0
-        gen_rate = sum(r[2] for r in self._recent) / span if span > 0 else 0.0
+        prompt_rate, gen_rate = self.meter.rates()
         return {
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),

@@ -14,6 +14,9 @@ A part of one sequence that raises is run once more before it is blamed (a
 batch of one that fails is retried once). The sampling draw is the last thing
 a launch does, so a failure before it leaves a seeded request's generator
 where it was.
+
+`StepFailureHandler` is the engine's collaborator that does this when a step raises, and decides
+when the device is broken (`dead`).
 """
 
 from __future__ import annotations
@@ -22,16 +25,19 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import RequestOutput
-from inference.engine.scheduler import ScheduledBatch
-from inference.engine.sequence import Sequence, SeqStatus
+from inference.engine.sampler import Sampler
+from inference.engine.scheduler import ScheduledBatch, Scheduler
+from inference.engine.sequence import Sequence
+from inference.engine.step_meter import StepMeter
+from inference.engine.token_outputs import TokenOutputs
 
 logger = logging.getLogger(__name__)
 
 # Steps in a row that ran nothing (every scheduled request failed alone) before the device is taken
 # to be broken, when each of them held a single request (two or more failing alone at once suffice).
 DEAD_AFTER_FAILED_STEPS = 3
-FINISHED = SeqStatus.FINISHED
 
 
 class EngineDeadError(RuntimeError):
@@ -79,53 +85,59 @@ def _run(runner, sampler, seqs: list[Sequence], nums: list[int], result: Isolate
             (seq, token, None if lps is None else lps[i]) for i, (seq, token) in enumerate(zip(sampling, sampled.token_ids)))
 
 
-class StepFailures:
-    """Part of `Engine` (a mixin: it uses the engine's scheduler, runner, sampler and token handling):
-    what a step does when it raises. The culprits end with "error" and their blocks are freed; when
+class StepFailureHandler:
+    """What a step does when it raises. The culprits end with "error" and their blocks are freed; when
     nothing of a step runs (two requests or more, or DEAD_AFTER_FAILED_STEPS steps in a row), the
-    device is taken to be broken: every request ends once and `dead` says why."""
+    device is taken to be broken: every request ends once and `dead` says why.
 
-    def _recover(self, batch: ScheduledBatch, error: BaseException) -> list[RequestOutput]:
+    It reruns parts of a batch with `runner` and `sampler`, ends requests in `scheduler` through
+    `tokens` (which also takes the tokens of the parts that ran) and counts the step in `meter`."""
+
+    def __init__(self, *, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, tokens: TokenOutputs,
+                 meter: StepMeter) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.sampler = sampler
+        self.tokens = tokens
+        self.meter = meter
+        self.dead: str | None = None  # why the engine stopped taking requests (a broken device), if it did
+        self.failed_steps = 0  # steps in a row whose every scheduled request failed alone
+
+    def step_ran(self) -> None:
+        """A step ran (some of it at least): the count of failed steps in a row starts again."""
+        if self.failed_steps:
+            self.failed_steps = 0
+
+    def recover(self, batch: ScheduledBatch, error: BaseException) -> list[RequestOutput]:
         """The step of `batch` raised `error` before its tokens were taken: rerun it in parts
-        (step_isolation), end the culprits with "error", take the others' tokens."""
+        (step_isolate), end the culprits with "error", take the others' tokens."""
         if not batch.seqs:
             return []
         logger.warning("engine step of %d requests failed (%s: %s); isolating the cause",
                        len(batch.seqs), type(error).__name__, error)
         result = step_isolate(runner=self.runner, sampler=self.sampler, seqs=batch.seqs,
                               num_new_tokens=batch.num_new_tokens)
-        outputs = [self._fail_seq(seq, exc) for seq, exc in result.failed]
+        tokens = self.tokens
+        outputs = [tokens.fail(seq, exc) for seq, exc in result.failed]
         if result.failed and not result.ran:
-            self._failed_steps += 1
-            if len(result.failed) > 1 or self._failed_steps >= DEAD_AFTER_FAILED_STEPS:
-                return outputs + self._die(result.failed[-1][1])
+            self.failed_steps += 1
+            if len(result.failed) > 1 or self.failed_steps >= DEAD_AFTER_FAILED_STEPS:
+                return outputs + self.die(result.failed[-1][1])
         elif result.ran:
-            self._failed_steps = 0
+            self.failed_steps = 0
         self.scheduler.postprocess(ScheduledBatch([s for s, _ in result.ran], [n for _, n in result.ran]))
         now = time.time()
         sampled = result.sampled
-        taken = self._take_all([s for s, _, _ in sampled], [t for _, t, _ in sampled],
-                               [lp for _, _, lp in sampled], now, outputs)
-        outputs += self._emit_all(taken, now)
-        self._count(batch, len(sampled), now)
+        taken = tokens.take_all([s for s, _, _ in sampled], [t for _, t, _ in sampled],
+                                [lp for _, _, lp in sampled], now, outputs)
+        outputs += tokens.emit_all(taken, now)
+        self.meter.count(batch, len(sampled), now)
         return outputs
 
-    def _fail_seq(self, seq: Sequence, error: BaseException) -> RequestOutput:
-        """End one request with "error" (its blocks freed); its output says why."""
-        if seq.status is not FINISHED:
-            self.scheduler.finish(seq, "error")
-        seq.finish_reason = "error"
-        if not isinstance(error, EngineDeadError):
-            logger.error("request %s failed in the engine", seq.request_id, exc_info=error)
-        out = self._output(seq, [], "", None)
-        out.error = f"Engine error: {type(error).__name__}: {error}"
-        return out
-
-    def _die(self, error: BaseException) -> list[RequestOutput]:
-        """The device is broken: end every request once, take no more."""
+    def die(self, error: BaseException) -> list[RequestOutput]:
+        """The device is broken: end every request once, take no more. (The step order drops the
+        steps it holds in flight.)"""
         self.dead = f"the engine stopped after a step failed for every request in it ({type(error).__name__}: {error})"
         logger.critical("%s; ending the %d requests it holds", self.dead, len(self.scheduler.requests))
         dead = EngineDeadError(self.dead)
-        outputs = [self._fail_seq(seq, dead) for seq in list(self.scheduler.requests.values())]
-        self._deferred, self._inflight = [], None
-        return outputs
+        return [self.tokens.fail(seq, dead, log=False) for seq in list(self.scheduler.requests.values())]

@@ -1,28 +1,35 @@
-"""Per-request metrics, from each request's usage record: latency histograms, endings, tokens and spend by tier.
+"""Per-request metrics, from each request's `Ending` (billing.services.settlement): latency histograms,
+endings, tokens and spend by tier.
 
-`requests_observe(records)` runs where a request's ending is recorded
-(`inference.worker.finish.usage_records_safe`: the worker's finisher thread,
+`requests_observe(endings)` runs where a request's ending is recorded
+(`inference.worker.finish.endings_record`: the worker's finisher thread,
 a failure, the reaper), so every ending is counted once, off the engine's
 thread. Times are the client's: from the moment the web process queued the
 job (`Job.enqueued_at`), as in the `Done` event's timing.
 
-`billed_observe(records)` counts tokens and spend when the records are
-written (`inference.worker.finish.usage_records_write`, at once or later from
-the spool after a database outage): what the ledger holds. A record the spool
-writes again after a crash is counted again (the insert ignores it). Spend is an integer counter of nano-dollars (1e-9 USD), each record's
-cost rounded up to a whole nano-dollar as the admission's budget counters
-count it (`billing.services.admission_ledger.record_actual`): a float64
-counter is exact to 2**53 of them, about 9 million dollars per process.
+`billed_observe(endings)` counts tokens and spend when their records are
+written (`inference.worker.finish.EndingsSink.write`, at once or later from
+the spool after a database outage), from what billing wrote (each ending's
+own `Priced`: nothing is priced here). A record the spool writes again after
+a crash is counted again (the insert ignores it). Spend is an integer counter
+of nano-dollars (1e-9 USD), each record's cost rounded up to a whole
+nano-dollar as the admission's budget counters count it
+(`billing.services.admission_ledger.femtos_to_nanos`): a float64 counter is
+exact to 2**53 of them, about 9 million dollars per process.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
 
 from . import PREFIX
+
+if TYPE_CHECKING:
+    from billing.services.settlement import Ending
 
 logger = logging.getLogger(__name__)
 
@@ -61,52 +68,53 @@ SPEND_NANODOLLARS = Counter(f"{PREFIX}spend_nanodollars",
                             "Cost of written usage records, in nano-dollars (each record rounded up).", LABELS)
 
 
-def requests_observe(records: Iterable[Mapping]) -> None:
-    """Count the endings and observe the latencies of finished requests (usage-record fields). Never raises."""
+def requests_observe(endings: Iterable[Ending]) -> None:
+    """Count the endings and observe the latencies of finished requests. Never raises."""
     try:
-        for record in records:
-            _observe(record)
+        for ending in endings:
+            _observe(ending)
     except Exception:  # noqa: BLE001 - metrics must never cost a request its record or its event
         logger.exception("request metrics failed")
 
 
-def billed_observe(records: Iterable[Mapping]) -> None:
-    """Count the tokens and spend of records just written (what the ledger holds). Never raises."""
+def billed_observe(endings: Iterable[Ending]) -> None:
+    """Count the tokens and spend of endings whose records were just written (what the ledger holds), each
+    with the cost it was written at. Never raises."""
     try:
-        from billing.services.admission_ledger import record_actual
-        from billing.services.price_cache import pricing_snapshot
+        from billing.money import cached_clamp
+        from billing.services.admission_ledger import femtos_to_nanos
+        from billing.services.costs import is_charged
 
-        snapshot = pricing_snapshot()
-        for record in records:
-            actual = record_actual(dict(record), snapshot)
-            if not actual.quota:  # not charged (an error before the first token)
-                continue
-            labels = _labels(record)
-            prompt = int(record.get("prompt_tokens") or 0)
-            cached = min(int(record.get("cached_tokens") or 0), prompt)
+        for ending in endings:
+            if not is_charged(finish_reason=ending.finish_reason, completion_tokens=ending.completion_tokens):
+                continue  # an error before the first token
+            labels = _labels(ending)
+            prompt = max(0, ending.prompt_tokens)
+            cached = cached_clamp(prompt_tokens=prompt, cached_tokens=ending.cached_tokens)
             for kind, count in (("input", prompt - cached), ("cached_input", cached),
-                                ("output", int(record.get("completion_tokens") or 0))):
+                                ("output", max(0, ending.completion_tokens))):
                 if count:
                     BILLED_TOKENS.labels(*labels, kind).inc(count)
-            if actual.spend:
-                SPEND_NANODOLLARS.labels(*labels).inc(actual.spend)
+            spend = femtos_to_nanos(ending.cost.total) if ending.cost is not None else 0
+            if spend:
+                SPEND_NANODOLLARS.labels(*labels).inc(spend)
     except Exception:  # noqa: BLE001
         logger.exception("billed-token metrics failed")
 
 
-def _labels(record: Mapping) -> tuple[str, str]:
-    return str(record.get("model") or ""), str(record.get("tier") or "")
+def _labels(ending: Ending) -> tuple[str, str]:
+    return str(ending.model or ""), str(ending.tier or "")
 
 
-def _observe(record: Mapping) -> None:
-    labels = _labels(record)
-    completion = int(record.get("completion_tokens") or 0)
-    e2e = float(record.get("duration_s") or 0.0)
-    ttft = record.get("ttft_s")
-    REQUEST_SUCCESS.labels(*labels, str(record.get("finish_reason") or "")).inc()
+def _observe(ending: Ending) -> None:
+    labels = _labels(ending)
+    completion = max(0, int(ending.completion_tokens or 0))
+    e2e = float(ending.duration_s or 0.0)
+    ttft = ending.ttft_s
+    REQUEST_SUCCESS.labels(*labels, str(ending.finish_reason or "")).inc()
     E2E_REQUEST_LATENCY.labels(*labels).observe(e2e)
-    REQUEST_QUEUE_TIME.labels(*labels).observe(float(record.get("queued_s") or 0.0))
-    REQUEST_PROMPT_TOKENS.labels(*labels).observe(int(record.get("prompt_tokens") or 0))
+    REQUEST_QUEUE_TIME.labels(*labels).observe(float(ending.queued_s or 0.0))
+    REQUEST_PROMPT_TOKENS.labels(*labels).observe(int(ending.prompt_tokens or 0))
     REQUEST_GENERATION_TOKENS.labels(*labels).observe(completion)
     if ttft is not None:
         TIME_TO_FIRST_TOKEN.labels(*labels).observe(float(ttft))

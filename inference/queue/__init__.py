@@ -3,7 +3,9 @@
     from inference.queue import get_job_queue, Job, QueueFull
     q = get_job_queue()   # Redis when settings.REDIS_URL is set, else in-process
 
-Semantics: base.JobQueue. Pull policy: selection.
+Semantics: base.JobQueue. Pull policy: selection. The small interfaces a queue is
+made of: worker_registry.WorkerRegistry (`queue.workers`) and
+reply_liveness.ReplyLiveness (`queue.replies`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import threading
 
 from .base import JobQueue, QueueFull, QueueUnavailable, ReapResult
 from .job import Job
+from .reply_liveness import ReplyLiveness
+from .worker_registry import WorkerRegistry
 
-__all__ = ["Job", "JobQueue", "QueueFull", "QueueUnavailable", "ReapResult", "get_job_queue", "reset_job_queue"]
+__all__ = ["Job", "JobQueue", "QueueFull", "QueueUnavailable", "ReapResult", "ReplyLiveness", "WorkerRegistry",
+           "get_job_queue", "reset_job_queue"]
 
 _queue: JobQueue | None = None
 _lock = threading.Lock()

@@ -26,18 +26,24 @@ record, so every request still ends in exactly one done event and one record.
 
 The pull order is inference.queue.selection: weighted round-robin across
 tiers, round-robin across tenants inside a tier.
+
+Besides the jobs, a queue is made of two small interfaces, each in its own
+module: the worker registry (inference.queue.worker_registry: heartbeats,
+reaping, live workers) and reply liveness (inference.queue.reply_liveness).
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-from dataclasses import dataclass, field
-from typing import Any
 
 from common.errors import ServiceUnavailable
 
 from .job import Job
+from .reply_liveness import ReplyLiveness
+from .worker_registry import ReapResult, WorkerRegistry
+
+__all__ = ["JobQueue", "QueueFull", "QueueUnavailable", "ReapResult", "ReplyLiveness", "WorkerRegistry"]
 
 
 class QueueFull(ServiceUnavailable):
@@ -56,15 +62,14 @@ class QueueUnavailable(ServiceUnavailable):
         super().__init__(message, **kwargs)
 
 
-@dataclass
-class ReapResult:
-    dead_workers: list[str] = field(default_factory=list)
-    requeued: list[str] = field(default_factory=list)  # request ids put back at the front
-    failed: list[tuple[str, Job]] = field(default_factory=list)  # (worker id, started job)
+class JobQueue(WorkerRegistry, ReplyLiveness, abc.ABC):
+    """Jobs, leases and cancellations, plus the two small interfaces it is made of, each also a part
+    of its own for callers that need only that: the worker registry (`workers`, a `WorkerRegistry`:
+    heartbeat, unregister, reap_dead_workers, live_workers) and reply liveness (`replies`, a
+    `ReplyLiveness`, which reply_channels_touch/alive delegate to)."""
 
-
-class JobQueue(abc.ABC):
-    heartbeat_timeout: float  # seconds without a heartbeat before a worker counts as dead
+    workers: WorkerRegistry  # set by each backend (the queue itself where the registry shares its state)
+    replies: ReplyLiveness  # set by each backend
     remote = False  # calls are network round trips (workers overlap some of them with engine steps)
 
     # ------------------------------------------------------------ web side
@@ -90,11 +95,6 @@ class JobQueue(abc.ABC):
 
     def depth(self, model: str, tier: str) -> int:
         return int(self.depths(model).get(tier, 0))
-
-    @abc.abstractmethod
-    def live_workers(self, model: str | None = None) -> list[dict[str, Any]]:
-        """Latest heartbeat payload of each worker younger than the timeout
-        (all models when `model` is None). [] means nobody serves the model."""
 
     # ------------------------------------------------------------ worker side
     @abc.abstractmethod
@@ -138,30 +138,15 @@ class JobQueue(abc.ABC):
         """Jobs of `model` cancelled while queued, to be ended with an abort event."""
 
     @abc.abstractmethod
-    def heartbeat(self, worker_id: str, model: str, info: dict[str, Any]) -> bool:
-        """Record that the worker is alive (TTL heartbeat_timeout). False means it
-        had been reaped: it owns nothing any more and must drop all its work."""
-
-    @abc.abstractmethod
-    def unregister(self, worker_id: str) -> ReapResult:
-        """Clean exit: forget the heartbeat and reap whatever the worker still holds."""
-
-    @abc.abstractmethod
-    def reap_dead_workers(self) -> ReapResult:
-        """Requeue (front) unstarted and hand back started leases of dead workers.
-        Each dead worker's leases are processed atomically, exactly once."""
-
-    @abc.abstractmethod
     def leases(self, worker_id: str) -> dict[str, bool]:
         """Request id -> started flag for the worker's current leases."""
 
-    # ------------------------------------------------------------ reply channels' liveness
+    # ------------------------------------------------------------ reply channels' liveness (self.replies)
     def reply_channels_touch(self, names: list[str], ttl_s: float) -> None:
-        """(Web.) These reply channels have a reader for `ttl_s` more seconds. In-process: nothing to do."""
+        self.replies.reply_channels_touch(names, ttl_s)
 
     def reply_channels_alive(self, names: set[str]) -> set[str]:
-        """(Worker.) The channels of `names` whose reader was alive lately. In-process: all of them."""
-        return set(names)
+        return self.replies.reply_channels_alive(names)
 
     @abc.abstractmethod
     def flush(self) -> None:

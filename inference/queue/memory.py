@@ -1,7 +1,9 @@
 """In-process JobQueue for the embedded mode (one web process, engine thread).
 
 Same semantics as the Redis backend (see base.py), kept in dicts under one
-lock; a Condition wakes the worker when work arrives.
+lock; a Condition wakes the worker when work arrives. The worker registry lives
+in the same state (reaping requeues jobs); reply liveness is in-process
+(inference.queue.reply_liveness: every channel is alive).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from .base import JobQueue, QueueFull, ReapResult
 from .job import Job
+from .reply_liveness import InProcessReplyLiveness
 from .selection import TenantRing, TierSelector, WeightSource
 
 
@@ -29,6 +32,8 @@ class MemoryJobQueue(JobQueue):
         self.selector = TierSelector(weights)
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
+        self.workers = self  # the registry lives in this queue's state (reaping requeues jobs)
+        self.replies = InProcessReplyLiveness()  # one process: every reply channel has its reader
         self.flush()
 
     def flush(self) -> None:
@@ -79,15 +84,6 @@ class MemoryJobQueue(JobQueue):
     def depths(self, model: str) -> dict[str, int]:
         with self._lock:
             return {tier: ring.size for (m, tier), ring in self._rings.items() if m == model and ring.size}
-
-    def live_workers(self, model: str | None = None) -> list[dict[str, Any]]:
-        now = self._now()
-        with self._lock:
-            return [
-                dict(info)
-                for expires, worker_model, info in self._heartbeats.values()
-                if expires > now and (model is None or worker_model == model)
-            ]
 
     # ------------------------------------------------------------ worker side
     def lease(self, worker_id: str, model: str, max_jobs: int) -> list[Job]:
@@ -147,6 +143,21 @@ class MemoryJobQueue(JobQueue):
             taken, self._dropped[model] = dropped[:limit], dropped[limit:]
             return taken
 
+    def leases(self, worker_id: str) -> dict[str, bool]:
+        with self._lock:
+            return {request_id: lease.started for request_id, lease in self._leases.get(worker_id, {}).items()}
+
+    # ------------------------------------------------------------ worker registry (WorkerRegistry)
+    # In this queue's own state, under its lock: reaping a worker requeues its jobs.
+    def live_workers(self, model: str | None = None) -> list[dict[str, Any]]:
+        now = self._now()
+        with self._lock:
+            return [
+                dict(info)
+                for expires, worker_model, info in self._heartbeats.values()
+                if expires > now and (model is None or worker_model == model)
+            ]
+
     def heartbeat(self, worker_id: str, model: str, info: dict[str, Any]) -> bool:
         with self._lock:
             was_reaped = worker_id in self._reaped
@@ -195,7 +206,3 @@ class MemoryJobQueue(JobQueue):
             result.requeued.append(job.request_id)
         if unstarted:
             self._work.notify_all()
-
-    def leases(self, worker_id: str) -> dict[str, bool]:
-        with self._lock:
-            return {request_id: lease.started for request_id, lease in self._leases.get(worker_id, {}).items()}

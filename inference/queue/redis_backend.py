@@ -3,13 +3,13 @@
 All state changes are Lua scripts (redis_scripts.py), so a job is never both
 queued and leased, and a dead worker's leases are taken exactly once. The
 tier order comes from selection.TierSelector in this process; the tenant
-round-robin lives in Redis lists, so it is shared by all workers.
+round-robin lives in Redis lists, so it is shared by all workers. The worker
+registry and reply liveness are parts of their own (inference.queue.redis_workers:
+`workers`, `replies`) on the same client and prefix.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 import redis
@@ -17,6 +17,7 @@ import redis
 from . import redis_scripts as lua
 from .base import JobQueue, QueueFull, QueueUnavailable, ReapResult
 from .job import Job
+from .redis_workers import RedisReplyLiveness, RedisWorkerRegistry, check_worker_id
 from .selection import TierSelector, WeightSource
 
 
@@ -40,24 +41,28 @@ class RedisJobQueue(JobQueue):
         # A hash tag keeps every key of this queue in one cluster slot.
         self.prefix = prefix if prefix.startswith("{") else "{" + prefix + "}"
         self.max_depth = max_depth
-        self.heartbeat_timeout = heartbeat_timeout
         self.selector = TierSelector(weights)
+        self.workers = RedisWorkerRegistry(self.redis, self.prefix, heartbeat_timeout)
+        self.replies = RedisReplyLiveness(self.redis, self.prefix)
         self._scripts = {
             name: self.redis.register_script(getattr(lua, name))
             for name in ("ENQUEUE", "LEASE", "CANCEL", "MARK_STARTED", "COMPLETE", "TAKE_CANCELS",
-                         "TAKE_CANCELS_AND_DEPTHS", "TAKE_DROPPED", "HEARTBEAT", "REAP_WORKER")
+                         "TAKE_CANCELS_AND_DEPTHS", "TAKE_DROPPED")
         }
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        return self.workers.heartbeat_timeout
+
+    @heartbeat_timeout.setter
+    def heartbeat_timeout(self, seconds: float) -> None:
+        self.workers.heartbeat_timeout = seconds
 
     def _run(self, name: str, *args: Any) -> Any:
         return self._scripts[name](keys=[], args=[self.prefix, *args])
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
-
-    @staticmethod
-    def _check_worker_id(worker_id: str) -> None:
-        if not worker_id or "\t" in worker_id:
-            raise ValueError("worker id must be a non-empty string without tabs")
 
     # ------------------------------------------------------------ web side
     def enqueue(self, job: Job) -> None:
@@ -79,24 +84,9 @@ class RedisJobQueue(JobQueue):
     def depths(self, model: str) -> dict[str, int]:
         return _positive(self.redis.hgetall(self._key("depth", model)))
 
-    def live_workers(self, model: str | None = None) -> list[dict[str, Any]]:
-        try:
-            workers = [w for w, m in self.redis.hgetall(self._key("workers")).items() if model is None or m == model]
-            payloads = self.redis.mget([self._key("hb", w) for w in workers]) if workers else []
-        except redis.RedisError as exc:
-            raise QueueUnavailable() from exc
-        now = time.time()
-        out = []
-        for payload in payloads:
-            if payload:
-                info = json.loads(payload)
-                if now - float(info.get("ts", now)) < self.heartbeat_timeout:
-                    out.append(info)
-        return out
-
     # ------------------------------------------------------------ worker side
     def lease(self, worker_id: str, model: str, max_jobs: int) -> list[Job]:
-        self._check_worker_id(worker_id)
+        check_worker_id(worker_id)
         if max_jobs <= 0:
             return []
         return self._lease_by_depths(worker_id, model, max_jobs, self.depths(model))
@@ -131,7 +121,7 @@ class RedisJobQueue(JobQueue):
 
     def take_cancellations_and_lease(self, worker_id: str, model: str, max_jobs: int) -> tuple[set[str], list[Job]]:
         """One script takes the cancellations and reads the depths; a second leases, if anything is queued."""
-        self._check_worker_id(worker_id)
+        check_worker_id(worker_id)
         ids, flat = self._run("TAKE_CANCELS_AND_DEPTHS", worker_id, model)
         depths = _positive(dict(zip(flat[::2], flat[1::2])))
         return set(ids), self._lease_by_depths(worker_id, model, max_jobs, depths)
@@ -139,66 +129,22 @@ class RedisJobQueue(JobQueue):
     def take_dropped(self, model: str, limit: int = 100) -> list[Job]:
         return [Job.from_json(raw) for raw in self._run("TAKE_DROPPED", model, limit)]
 
-    def heartbeat(self, worker_id: str, model: str, info: dict[str, Any]) -> bool:
-        self._check_worker_id(worker_id)
-        payload = json.dumps({**info, "worker_id": worker_id, "model": model, "ts": time.time()})
-        ttl_ms = max(1, int(self.heartbeat_timeout * 1000))
-        return not self._run("HEARTBEAT", worker_id, model, payload, ttl_ms)
-
-    def unregister(self, worker_id: str) -> ReapResult:
-        result = ReapResult()
-        self._reap(worker_id, force=True, result=result)
-        return result
-
-    def reap_dead_workers(self) -> ReapResult:
-        result = ReapResult()
-        workers = list(self.redis.hgetall(self._key("workers")))
-        if workers:
-            alive = self.redis.exists  # one EXISTS per worker; the list is short
-            for worker_id in workers:
-                if not alive(self._key("hb", worker_id)) and self._reap(worker_id, force=False, result=result):
-                    result.dead_workers.append(worker_id)
-        # Started jobs land on the orphan list inside the script; claiming them one
-        # by one with LPOP hands each to exactly one reaper, also after a reaper
-        # crashed between the script and the finishing of its jobs.
-        self._claim_orphans(result)
-        return result
-
-    def _reap(self, worker_id: str, *, force: bool, result: ReapResult) -> bool:
-        reaped, requeued, _failed = self._run("REAP_WORKER", worker_id, "1" if force else "0")
-        result.requeued.extend(requeued)
-        if force:
-            self._claim_orphans(result, only_worker=worker_id)
-        return bool(reaped)
-
-    def _claim_orphans(self, result: ReapResult, only_worker: str | None = None) -> None:
-        key = self._key("orphans")
-        if only_worker is None:
-            while (raw := self.redis.lpop(key)) is not None:
-                worker_id, _, job = raw.partition("\t")
-                result.failed.append((worker_id, Job.from_json(job)))
-            return
-        for raw in self.redis.lrange(key, 0, -1):
-            worker_id, _, job = raw.partition("\t")
-            if worker_id == only_worker and self.redis.lrem(key, 1, raw):
-                result.failed.append((worker_id, Job.from_json(job)))
-
     def leases(self, worker_id: str) -> dict[str, bool]:
         raw = self.redis.hgetall(self._key("lease", worker_id))
         return {request_id: value.startswith("1") for request_id, value in raw.items()}
 
-    def reply_channels_touch(self, names: list[str], ttl_s: float) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        for name in names:
-            pipe.set(self._key("reply", name), "1", px=max(1, int(ttl_s * 1000)))
-        pipe.execute()
+    # ------------------------------------------------------------ worker registry (self.workers)
+    def heartbeat(self, worker_id: str, model: str, info: dict[str, Any]) -> bool:
+        return self.workers.heartbeat(worker_id, model, info)
 
-    def reply_channels_alive(self, names: set[str]) -> set[str]:
-        ordered = sorted(names)
-        if not ordered:
-            return set()
-        values = self.redis.mget([self._key("reply", name) for name in ordered])
-        return {name for name, value in zip(ordered, values) if value is not None}
+    def live_workers(self, model: str | None = None) -> list[dict[str, Any]]:
+        return self.workers.live_workers(model)
+
+    def unregister(self, worker_id: str) -> ReapResult:
+        return self.workers.unregister(worker_id)
+
+    def reap_dead_workers(self) -> ReapResult:
+        return self.workers.reap_dead_workers()
 
     def flush(self) -> None:
         keys = list(self.redis.scan_iter(match=self.prefix + ":*", count=1000))

@@ -1,11 +1,14 @@
 """The embedded worker: the engine loop in a daemon thread of the web process.
 
-Used when settings.EMBEDDED_WORKER is true (the default without REDIS_URL). The
-API calls `ensure_embedded_worker()` from its event loop before it enqueues:
-the first call starts the thread, which heartbeats at once (so the model counts
-as served while it loads) and loads the engine lazily; every call records the
-running event loop, on which the in-memory channel layer's events are then
-delivered (inference.worker.events).
+The worker pool of the embedded mode (`EmbeddedWorkers`, which inference.serving
+builds when settings.EMBEDDED_WORKER is true, the default without REDIS_URL).
+The API calls its `start()` from its event loop before it enqueues, which calls
+`ensure_embedded_worker()`: the first call starts the thread, which heartbeats
+at once (so the model counts as served while it loads) and loads the engine
+lazily; every call records the running event loop, on which the in-memory
+channel layer's events are then delivered (inference.worker.events). Each
+reply channel the web process opens is registered for in-process delivery
+(`reply_channel_opened`): the engine thread hands it its batches directly.
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ import asyncio
 import logging
 import threading
 
+from typing import Any
+
 from django.conf import settings
 
+from common.errors import ServiceUnavailable
+from inference.protocol import local_receiver_register
 from inference.queue import get_job_queue
 
 from .engine_factory import engine_build
@@ -78,3 +85,25 @@ def embedded_worker_stop(timeout: float = 30.0) -> None:
         worker.request_drain()
     for _worker, thread in entries:
         thread.join(timeout)
+
+
+class EmbeddedWorkers:
+    """The worker pool (inference.serving.WorkerPool) of an engine in this process: started by the first
+    request, delivering to this process's reply channels."""
+
+    has_heartbeats = False  # it serves once started; nothing to ask the queue's store
+
+    def start(self, model: str) -> None:
+        # Called on the event loop on purpose: it records this loop, on which the engine thread
+        # delivers in-memory channel-layer events. Idempotent and cheap after the first call (the
+        # engine itself loads in its thread).
+        try:
+            ensure_embedded_worker(model)
+        except Exception as exc:
+            raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
+
+    def reply_channel_opened(self, name: str, receiver: Any) -> None:
+        local_receiver_register(name, receiver)
+
+    def readiness(self, model: str) -> dict[str, str]:
+        return {}  # no Redis, and the engine serves from its own thread once asked

@@ -162,7 +162,7 @@ class _Drain:
         """Keep `events` to send again, in order, before anything newer for `channel`; returns how many were
         given up: the oldest deltas past HOLD_MAX_EVENTS, or everything held longer than HOLD_MAX_S (its
         reader is gone). A `Done` is kept while its channel is: the reader learns how its request ended
-        and, from the numbers, that text is missing (inference.api.events)."""
+        and, from the numbers, that text is missing (inference.api.job_run)."""
         now = time.monotonic()
         since = self.held_since.setdefault(channel, now)
         if now - since > HOLD_MAX_S:

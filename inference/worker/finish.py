@@ -1,32 +1,39 @@
-"""Ending a request: its usage record, then its one `Done` event (inference.protocol).
+"""Ending a request: its `Ending` (billing.services.settlement: the record's fields and its cost, priced
+once, here), its usage record, then its one `Done` event (inference.protocol).
 
-The record is written (or, while the database is away, kept in the worker's
-durable spool: inference.worker.spool) before the event, so a client that sees
-the end of its stream can already find the record. Both the worker loop and the reaper end
-requests through here (the loop writes the records of a step's finished
-requests in one insert: `job_ending`, `usage_records_safe`); the insert is
-idempotent, so a request ended twice (a slow worker and the reaper racing)
-still has one record, the first.
+One path, one way: `job_ending` makes the Ending and the Done event (whose
+`usage.cost` is the Ending's); `endings_record` counts it, keeps it in the
+worker's durable spool (inference.worker.spool) and hands it through the
+spool to billing's settlement service (`EndingsSink`: record written, then
+reservation settled; the written records' spend counted). The record is
+written (or, while the database is away, kept in the spool) before the
+event, so a client that sees the end of its stream can already find the
+record. The worker loop (its finisher thread, its endings) and the reaper end
+requests through here; the insert is idempotent, so a request ended twice
+(a slow worker and the reaper racing) still has one record, the first.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connection, connections
+from django.db import connection, connections
 
-from billing.services.usage import usage_records_insert
-from common.outage import Outage
+from billing.services.settlement import DatabaseAway, Ending, ending_make, endings_settle_start, endings_write
+from inference.metrics.requests import billed_observe, requests_observe
+from inference.metrics.timeline import requests_add
 from inference.protocol import Done, FinishReason, Timing, Usage
 from inference.queue import Job
 
 from .events import EventSink
+from .spool import ConnectionLost, Spool, spool_open
 
 logger = logging.getLogger(__name__)
-_pricing_outage = Outage(logger, "pricing finished requests (database)")
 
 
 @dataclass
@@ -54,71 +61,61 @@ class ActiveRequest:
         return None if self.first_token_at is None else max(0.0, self.first_token_at - self.job.enqueued_at)
 
 
-def usage_records_safe(records: list[dict[str, Any]]) -> bool:
-    """Spool the records on disk (inference.worker.spool), then write them and, overlapping the insert,
-    settle their admission reservations (billing.services.admission: tokens refunded, concurrency slots
-    freed, quota and budget counters corrected to the actual cost); what the database or Redis could not
-    take now, the spool's flusher retries until it can. Each ending is counted at once
-    (inference.metrics.requests), its tokens and spend when its record is written. Never raises; True
-    when the records were written now."""
-    if not records:
+def endings_spool() -> Spool:
+    """This process's spool (settings.WORKER_SPOOL_DIR), whose sink is billing's settlement service."""
+    from django.conf import settings
+
+    return spool_open(Path(settings.WORKER_SPOOL_DIR), EndingsSink())
+
+
+def endings_record(endings: list[Ending]) -> bool:
+    """The one path of a request's ending, after its `Ending` was made (`job_ending`): counted
+    (inference.metrics: latencies, endings), spooled on disk (inference.worker.spool), then handed to
+    billing's settlement service through the spool (`EndingsSink`: the usage records written, their
+    admission reservations settled, the written records' tokens and spend counted); what the database or
+    Redis could not take now, the spool's flusher retries until it can. Never raises; True when the
+    records were written now."""
+    if not endings:
         return True
-    from inference.metrics.requests import requests_observe
-    from inference.metrics.timeline import requests_add
-
-    from .spool import spool_get
-
-    requests_observe(records)
-    requests_add(records)  # the operator console's last hour
-    spool = spool_get()
+    requests_observe(endings)
+    requests_add([ending.record_fields() for ending in endings])  # the operator console's last hour
+    rows = [ending.to_json() for ending in endings]
     try:
-        spool.add(records)
+        spool = endings_spool()
+        spool.add(rows)
     except Exception:  # noqa: BLE001 - a full disk: still try the database itself
-        logger.exception("could not spool the usage records of %s", [r.get("request_id") for r in records])
-        return _write_without_spool(records)
-    written, _settled = spool.process(records)
+        logger.exception("could not spool the usage records of %s", [e.request_id for e in endings])
+        return _record_without_spool(rows)
+    written, _settled = spool.process(rows)
     return written
 
 
-def usage_records_write(records: list[dict[str, Any]]) -> None:
-    """usage_records_insert (one statement for all `records`); spool.ConnectionLost when the database is away
-    (the connection is closed, so the next attempt opens a fresh one)."""
-    from .spool import ConnectionLost
+class EndingsSink:
+    """The spool's sink (inference.worker.spool.SpoolSink): its rows are `Ending.to_json()` objects, written
+    and settled by billing's settlement service (billing.services.settlement); the records written are
+    counted (inference.metrics.requests.billed_observe)."""
 
-    from inference.metrics.requests import billed_observe
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            written = endings_write([Ending.from_json(row) for row in rows])
+        except DatabaseAway as exc:
+            raise ConnectionLost(str(exc)) from exc
+        billed_observe(written)
 
+    def settle_start(self, rows: list[dict[str, Any]]) -> Callable[[], bool]:
+        return endings_settle_start([Ending.from_json(row) for row in rows])
+
+
+def _record_without_spool(rows: list[dict[str, Any]]) -> bool:
+    sink = EndingsSink()
     try:
-        usage_records_insert(records)
-    except (OperationalError, InterfaceError) as exc:
-        _reconnect()
-        raise ConnectionLost(str(exc).strip() or repr(exc)) from exc
-    billed_observe(records)
-
-
-def _write_without_spool(records: list[dict[str, Any]]) -> bool:
-    from billing.services.admission import admission_settle_records
-
-    from inference.metrics.requests import billed_observe
-
-    try:
-        usage_records_insert(records)
+        sink.write(rows)
         written = True
-        billed_observe(records)
     except Exception:  # noqa: BLE001
-        logger.exception("could not write the usage records of %s", [r.get("request_id") for r in records])
-        _reconnect()
+        logger.exception("could not write the usage records of %s", [row.get("request_id") for row in rows])
         written = False
-    admission_settle_records(records)
+    sink.settle_start(rows)()
     return written
-
-
-def _reconnect() -> None:
-    try:
-        if connection.in_atomic_block:
-            return  # not ours to close (tests wrap everything in a transaction)
-        connection.close()  # the next query opens a fresh connection
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def job_ending(
@@ -136,68 +133,36 @@ def job_ending(
     now: float | None = None,
     error_param: str | None = None,
     seq: int = 0,
-) -> tuple[dict[str, Any], Done]:
-    """(usage record fields, done event) of a request ending now. Times are seconds since job.enqueued_at;
+) -> tuple[Ending, Done]:
+    """(`Ending`, done event) of a request ending now. Times are seconds since job.enqueued_at;
     `engine_timing` is the engine's own (its RequestOutput.timing), if it ran the request."""
     now = time.time() if now is None else now
     e2e_s = max(0.0, now - job.enqueued_at)
     queued_s = e2e_s if queued_s is None else max(0.0, queued_s)
-    record = {
-        "request_id": job.request_id,
-        "tenant_id": job.tenant_id,
-        "api_key_id": job.api_key_id,
-        "model": job.model,
-        "tier": job.tier,
-        "endpoint": job.endpoint,
-        "prompt_tokens": prompt_tokens,
-        "cached_tokens": cached_tokens,
-        "completion_tokens": completion_tokens,
-        "finish_reason": finish_reason,
-        "error": error,
-        "queued_s": queued_s,
-        "ttft_s": ttft_s,
-        "duration_s": e2e_s,
-        "worker_id": worker_id,
-        "admitted_at": job.enqueued_at,  # picks the price version (billing)
-        "created_at": now,  # when it ended, also if the record is written later (spool)
-    }
+    ending = ending_make(
+        request_id=job.request_id, tenant_id=job.tenant_id, api_key_id=job.api_key_id, model=job.model,
+        tier=job.tier, endpoint=job.endpoint, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens, finish_reason=finish_reason, error=error, queued_s=queued_s,
+        ttft_s=ttft_s, duration_s=e2e_s, worker_id=worker_id,
+        admitted_at=job.enqueued_at,  # picks the price version (billing)
+        created_at=now,  # when it ended, also if the record is written later (spool)
+    )
     timing = Timing(queued_s=queued_s, ttft_s=ttft_s, e2e_s=e2e_s)
     if engine_timing is not None:
         timing.engine_queued_s = getattr(engine_timing, "queued_s", None)
         timing.engine_ttft_s = getattr(engine_timing, "ttft_s", None)
         timing.engine_e2e_s = getattr(engine_timing, "e2e_s", None)
-    costing = _costing(record)
-    if costing is not None:  # one costing for the record, its settlement and the client's usage.cost
-        record["costing"] = costing
-    cost = costing[2].as_usd() if costing is not None else None
+    cost = ending.cost.as_usd() if ending.cost is not None else None  # the record's own cost, priced once
     done = Done(request_id=job.request_id, finish_reason=finish_reason,
                 usage=Usage(prompt_tokens, cached_tokens, completion_tokens, cost=cost), timing=timing,
                 error=error, error_param=error_param, seq=seq)
-    return record, done
-
-
-def _costing(record: dict[str, Any]) -> tuple | None:
-    """The request's costing (billing.services.costs.usage_cost); None (no cost shown, the insert
-    costs the record itself) if pricing fails."""
-    from billing.services.costs import instant, usage_cost
-
-    try:
-        costing = usage_cost(
-            model=record["model"], tier=record["tier"], admitted_at=instant(record["admitted_at"]),
-            prompt_tokens=record["prompt_tokens"], cached_tokens=record["cached_tokens"],
-            completion_tokens=record["completion_tokens"], finish_reason=record["finish_reason"],
-        )
-    except Exception as exc:  # noqa: BLE001 - a done event is never lost to pricing (the record is costed when written)
-        _pricing_outage.failed(f"{record['request_id']}: {exc!r}")
-        return None
-    _pricing_outage.ok()
-    return costing
+    return ending, done
 
 
 def job_finish(*, job: Job, sink: EventSink, **ending: Any) -> None:
     """Record usage, then send the done event (`job_ending`'s arguments)."""
     record, event = job_ending(job=job, **ending)
-    usage_records_safe([record])
+    endings_record([record])
     sink.send(job.reply_channel, event)
 
 

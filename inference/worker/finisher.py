@@ -25,9 +25,10 @@ from common.outage import connection_lost
 from inference.queue import JobQueue
 
 from .events import EventSink
-from .finish import ActiveRequest, job_ending, usage_records_safe
+from .finish import ActiveRequest, endings_record, job_ending
 
 if TYPE_CHECKING:
+    from billing.services.settlement import Ending
     from inference.protocol import Done
 
 logger = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ logger = logging.getLogger(__name__)
 COMPLETE_ATTEMPTS = 8  # releasing leases through a Redis restart: about 10 s of retries
 
 
-def output_ending(*, active: ActiveRequest, output: Any, now: float, worker_id: str) -> tuple[dict, Done]:
-    """(usage record fields, done event) of a request the engine finished (`output`: its last RequestOutput)."""
+def output_ending(*, active: ActiveRequest, output: Any, now: float, worker_id: str) -> tuple[Ending, Done]:
+    """(`Ending`, done event) of a request the engine finished (`output`: its last RequestOutput)."""
     job = active.job
     usage, timing = output.usage, output.timing
     engine_queued = float(getattr(timing, "queued_s", 0.0) or 0.0)
@@ -95,19 +96,19 @@ class Finisher:
     def _finish_all(self, finished: list[tuple[ActiveRequest, Any, float]]) -> None:
         """The usage records of `finished` in one insert, then their done events together, then their
         leases released in one call."""
-        records: list[dict] = []
+        endings: list[Ending] = []
         dones: list[tuple[str, Done]] = []
         for active, output, now in finished:
             job = active.job
             try:
-                record, done = output_ending(active=active, output=output, now=now, worker_id=self.worker_id)
+                ending, done = output_ending(active=active, output=output, now=now, worker_id=self.worker_id)
             except Exception as exc:  # noqa: BLE001
                 logger.exception("finishing %s failed", job.request_id)
-                record, done = job_ending(job=job, worker_id=self.worker_id, finish_reason="error",
+                ending, done = job_ending(job=job, worker_id=self.worker_id, finish_reason="error",
                                           error=f"Worker error: {exc}", seq=active.next_seq, **active.tokens_so_far())
-            records.append(record)
+            endings.append(ending)
             dones.append((job.reply_channel, done))
-        usage_records_safe(records)
+        endings_record(endings)
         try:
             self.sink.send_many(dones)
         except Exception:  # noqa: BLE001 - the leases are still released

@@ -7,6 +7,8 @@ get reaped mid-step, so a side thread (`start`) repeats the loop's last beat
 while one runs; it reads no engine state (the step owns it), only what the
 loop's last beat reported. While the engine loads, another thread beats with
 status "loading" (`while_loading`), so the model counts as served meanwhile.
+What a beat says of the worker comes from the `figures` function its owner
+gives (`WorkerLoop.figures`): this module knows nothing of the loop.
 """
 
 from __future__ import annotations
@@ -16,29 +18,42 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from common.outage import Outage, connection_lost
-
-if TYPE_CHECKING:
-    from .loop import WorkerLoop
+from inference.queue import JobQueue
 
 logger = logging.getLogger(__name__)
 
 
-def heartbeat_info(loop: WorkerLoop, *, tok_s: float = 0.0, loading: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WorkerFigures:
+    """What a heartbeat reports of its worker (besides its throughput, which the heartbeats measure)."""
+
+    device: str
+    started_at: float
+    draining: bool
+    active: int  # requests in hand
+    max_num_seqs: int | None
+    steps: int
+    engine: Any = None  # its `stats()` are read (None while it loads)
+
+
+def heartbeat_info(figures: WorkerFigures, *, tok_s: float = 0.0, loading: bool = False) -> dict[str, Any]:
     """id and model are added by the queue; the rest describes the worker's load."""
-    status = "loading" if loading else ("draining" if loop.draining else "serving")
+    status = "loading" if loading else ("draining" if figures.draining else "serving")
     info: dict[str, Any] = {
-        "device": loop.device, "pid": os.getpid(), "host": socket.gethostname(), "started_at": loop.started_at,
-        "status": status, "running": 0, "waiting": 0, "kv_usage": 0.0, "tok_s": round(tok_s, 2),
-        "active": len(loop.active), "max_num_seqs": loop._max_num_seqs, "steps": loop.steps,
+        "device": figures.device, "pid": os.getpid(), "host": socket.gethostname(),
+        "started_at": figures.started_at, "status": status, "running": 0, "waiting": 0, "kv_usage": 0.0,
+        "tok_s": round(tok_s, 2), "active": figures.active, "max_num_seqs": figures.max_num_seqs,
+        "steps": figures.steps,
     }
-    if not loading and loop.engine is not None:
+    if not loading and figures.engine is not None:
         try:
-            stats = dict(loop.engine.stats())
+            stats = dict(figures.engine.stats())
         except Exception:  # noqa: BLE001 - a heartbeat without engine figures is still a heartbeat
             stats = {}
         for key in ("running", "waiting", "kv_usage"):
@@ -49,10 +64,12 @@ def heartbeat_info(loop: WorkerLoop, *, tok_s: float = 0.0, loading: bool = Fals
 
 
 class Heartbeats:
-    """The heartbeats of one WorkerLoop (see the module docstring)."""
+    """The heartbeats of one worker (see the module docstring): `figures()` says what to report."""
 
-    def __init__(self, loop: WorkerLoop, *, interval: float) -> None:
-        self.loop = loop
+    def __init__(self, *, queue: JobQueue, worker_id: str, model: str, figures: Callable[[], WorkerFigures],
+                 interval: float) -> None:
+        self.queue, self.worker_id, self.model = queue, worker_id, model
+        self.figures = figures
         self.interval = interval
         self.next_at = 0.0  # monotonic time of the loop's next beat
         self.tok_s = 0.0  # tokens generated per second since the beat before the last
@@ -64,7 +81,7 @@ class Heartbeats:
         self._reaped_in_step = False
         self._done = threading.Event()
         self._beater: threading.Thread | None = None
-        self.outage = Outage(logger, f"worker {loop.worker_id}: heartbeats (Redis)")
+        self.outage = Outage(logger, f"worker {worker_id}: heartbeats (Redis)")
 
     def tokens_add(self, count: int) -> None:
         self._tokens += count
@@ -80,7 +97,7 @@ class Heartbeats:
             self.tok_s = self._tokens / elapsed
         self._tokens, self._last = 0, now
         self.next_at = now + self.interval
-        info = heartbeat_info(self.loop, tok_s=self.tok_s)
+        info = heartbeat_info(self.figures(), tok_s=self.tok_s)
         self._last_info = info
         return self._send(info)
 
@@ -90,10 +107,9 @@ class Heartbeats:
         return None if self._last_info is None else self._last_info.get("engine")
 
     def _send(self, info: dict[str, Any]) -> bool:
-        loop = self.loop
         try:
             with self._lock:
-                alive = loop.queue.heartbeat(loop.worker_id, loop.model, info)
+                alive = self.queue.heartbeat(self.worker_id, self.model, info)
         except Exception as exc:  # noqa: BLE001 - Redis blips must not kill the worker
             if connection_lost(exc):
                 self.outage.failed(repr(exc))
@@ -115,7 +131,7 @@ class Heartbeats:
 
     def start(self) -> None:
         """Start the in-step beater thread."""
-        self._beater = threading.Thread(target=self._beat_during_steps, name=f"{self.loop.worker_id}-step-beats",
+        self._beater = threading.Thread(target=self._beat_during_steps, name=f"{self.worker_id}-step-beats",
                                         daemon=True)
         self._beater.start()
 
@@ -143,10 +159,10 @@ class Heartbeats:
 
         def beat_while_loading() -> None:
             while not done.wait(self.interval):
-                self._send(heartbeat_info(self.loop, loading=True))
+                self._send(heartbeat_info(self.figures(), loading=True))
 
-        self._send(heartbeat_info(self.loop, loading=True))
-        ticker = threading.Thread(target=beat_while_loading, name=f"{self.loop.worker_id}-loading", daemon=True)
+        self._send(heartbeat_info(self.figures(), loading=True))
+        ticker = threading.Thread(target=beat_while_loading, name=f"{self.worker_id}-loading", daemon=True)
         ticker.start()
         try:
             yield

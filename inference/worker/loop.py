@@ -42,14 +42,14 @@ from inference.queue import Job, JobQueue, ReapResult
 
 from .events import EventSink
 from .endings import RequestEndings
-from .finish import ActiveRequest, db_connections_close
+from .finish import ActiveRequest, db_connections_close, endings_spool
 from .finisher import Finisher
-from .heartbeat import Heartbeats
+from .heartbeat import Heartbeats, WorkerFigures
 from .listeners import ReplyWatch
 from .marks import StartMarks
 from .reaper import dead_workers_reap, dropped_jobs_finish, reap_result_finish
 from .serving_engine import ServingEngine
-from .spool import spool_close, spool_get
+from .spool import spool_close
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def default_worker_id(model: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{model}:{os.urandom(3).hex()}"
 
 
-class WorkerLoop(RequestEndings):
+class WorkerLoop:
     def __init__(
         self,
         *,
@@ -102,7 +102,9 @@ class WorkerLoop(RequestEndings):
         self._stopping = threading.Event()
         self._next_reap = 0.0
         self._next_dropped = 0.0
-        self.heartbeats = Heartbeats(self, interval=heartbeat_interval)
+        self.heartbeats = Heartbeats(queue=queue, worker_id=self.worker_id, model=model, figures=self.figures,
+                                     interval=heartbeat_interval)
+        self.endings = RequestEndings(queue=queue, sink=sink, worker_id=self.worker_id, active=self.active)
         self.marks = StartMarks(queue=queue, worker_id=self.worker_id)
         self.finisher = Finisher(queue=queue, sink=sink, worker_id=self.worker_id)
         self.metrics = EngineMetrics(model=model)
@@ -140,7 +142,7 @@ class WorkerLoop(RequestEndings):
         try:
             self.load_engine()
             try:
-                spool_get()  # takes over the usage records a dead worker left in the spool folder
+                endings_spool()  # takes over the usage records a dead worker left in the spool folder
             except Exception:  # noqa: BLE001 - the records wait there for the next worker
                 logger.exception("could not open the usage-record spool")
             self.heartbeats.start()
@@ -195,7 +197,7 @@ class WorkerLoop(RequestEndings):
             if self.active and not self.engine.has_unfinished():
                 # The engine holds nothing, yet these never finished: end them here.
                 for request_id in list(self.active):
-                    self._end_lost(request_id)
+                    self.endings.end_lost(request_id)
         elif not self.draining:
             # Enqueues, cancellations of queued jobs and requeues all wake this wait.
             wait = min(self.heartbeats.next_at - time.monotonic(), self.heartbeats.interval)
@@ -203,6 +205,12 @@ class WorkerLoop(RequestEndings):
                 self._next_dropped = 0.0
 
     # ------------------------------------------------------------ heartbeats
+    def figures(self) -> WorkerFigures:
+        """What this worker's heartbeats report of it (inference.worker.heartbeat)."""
+        return WorkerFigures(device=self.device, started_at=self.started_at, draining=self.draining,
+                             active=len(self.active), max_num_seqs=self._max_num_seqs, steps=self.steps,
+                             engine=self.engine)
+
     def heartbeat(self) -> None:
         """Beat, then update the metrics from the engine figures the beat reported (inference.metrics)."""
         alive = self.heartbeats.beat()
@@ -212,6 +220,12 @@ class WorkerLoop(RequestEndings):
         process_figures_update()
         if not alive:
             self._drop_reaped()
+
+    def _engine_abort(self, request_id: str) -> None:
+        try:
+            self.engine.abort(request_id)
+        except Exception:  # noqa: BLE001 - it may never have been added
+            logger.debug("abort of %s failed", request_id, exc_info=True)
 
     def _drop_reaped(self) -> None:
         """We were reaped (too slow to heartbeat): our jobs were requeued or failed elsewhere.
@@ -245,10 +259,10 @@ class WorkerLoop(RequestEndings):
             try:
                 self._add_to_engine(job)
             except EngineValidationError as exc:  # the client's fault: the web answers 400 for `param`
-                self._fail(job.request_id, exc.message, mark=True, error_param=exc.param)
+                self.endings.fail(job.request_id, exc.message, mark=True, error_param=exc.param)
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
                 logger.exception("could not start request %s", job.request_id)
-                self._fail(job.request_id, str(exc), mark=True)
+                self.endings.fail(job.request_id, str(exc), mark=True)
 
     def _add_to_engine(self, job: Job) -> None:
         sampling = SamplingParams.from_dict(dict(job.sampling))
@@ -298,7 +312,7 @@ class WorkerLoop(RequestEndings):
             logger.error("engine step failed; ending the %d requests it held", len(self.active), exc_info=error)
             for request_id in list(self.active):
                 self._engine_abort(request_id)
-                self._fail(request_id, f"Engine error: {error}")
+                self.endings.fail(request_id, f"Engine error: {error}")
             return
         self.steps += 1
         now = time.time()
@@ -308,14 +322,11 @@ class WorkerLoop(RequestEndings):
             owned = self.queue.mark_started(self.worker_id, first)
             for request_id in first:
                 self._started_apply(request_id, request_id in owned)
-        # One hand-over per step for the deltas, then (by the finisher thread,
-        # after the usage records are written) one for the done events: each
-        # reply channel gets at most two messages per step, and neither a delta
-        # nor the next step waits for a database write. The
-        # requests' first tokens lead the deltas: the web process and its
-        # clients handle a step's events in order, so a new stream's first
-        # token does not wait behind every running stream's next one.
-        # Each request still gets its events in order (one delta per step).
+        # One hand-over per step for the deltas, then (by the finisher thread, after the usage records are
+        # written) one for the done events: each reply channel gets at most two messages per step, and
+        # neither a delta nor the next step waits for a database write. The requests' first tokens lead the
+        # deltas: the web handles a step's events in order, so a new stream's first token does not wait
+        # behind every running stream's next one. Each request still gets its events in order.
         firsts: list[tuple[str, Delta]] = []
         deltas: list[tuple[str, Delta]] = []
         finished: list[tuple[ActiveRequest, Any]] = []
@@ -329,7 +340,7 @@ class WorkerLoop(RequestEndings):
             except Exception as exc:  # noqa: BLE001
                 logger.exception("handling output of %s failed", output.request_id)
                 self._engine_abort(output.request_id)
-                self._fail(output.request_id, f"Worker error: {exc}")
+                self.endings.fail(output.request_id, f"Worker error: {exc}")
         self.sink.send_many(firsts + deltas, wait_s=FIRST_TOKEN_SEND_WAIT_S if firsts else 0.0)
         if getattr(self.engine, "dead", None) and not self.draining:
             logger.critical("worker %s: %s; taking no more work", self.worker_id, self.engine.dead)
@@ -373,7 +384,7 @@ class WorkerLoop(RequestEndings):
         for request_id, active in list(self.active.items()):
             self._engine_abort(request_id)
             if active.started:  # end it here, with the tokens it got; unstarted ones are requeued below
-                self._fail(request_id, "The worker shut down before finishing this request.")
+                self.endings.fail(request_id, "The worker shut down before finishing this request.")
         self.active.clear()
         try:
             result: ReapResult = self.queue.unregister(self.worker_id)

@@ -1,13 +1,16 @@
-"""The usage-record spool: finished requests kept on disk until their record is written and their
-reservation settled, however long PostgreSQL or Redis is away.
+"""The spool: a durable queue of finished requests' endings, each kept on disk until its sink has
+written it and settled it, however long PostgreSQL or Redis is away.
 
-    spool = spool_get()                 # this process's spool (settings.WORKER_SPOOL_DIR)
-    spool.add(records)                  # durable (fsynced) before anything else happens
-    spool.process(records)              # the insert, and the settlement overlapping it
-    spool.done(ids, written=True)       # written to PostgreSQL / settled in Redis: forgotten when both
+    spool = spool_open(directory, sink)  # this process's spool; `sink` is its owner's (a SpoolSink)
+    spool.add(rows)                     # durable (fsynced) before anything else happens
+    spool.process(rows)                 # sink.write, and sink.settle_start overlapping it
+    spool.done(ids, written=True)       # written / settled: forgotten when both
 
-Every finished request passes through here (inference.worker.finish): its
-usage-record fields go into a SQLite file of this process, committed with
+The spool knows nothing of what its rows mean: each is a JSON object with a
+`request_id`, and its owner's sink says what writing and settling one is.
+Every finished request passes through here (inference.worker.finish: its
+`Ending`, whose sink is billing's settlement service): its row
+goes into a SQLite file of this process, committed with
 `synchronous=FULL` (fsynced), before the record is inserted and the
 reservation settled (what was done is marked without an fsync of its own:
 see `done`). What one attempt could not do (the database or Redis
@@ -29,9 +32,8 @@ file, logged at ERROR with the reason at each try, and is retried on its own
 backoff (RETRY_BASE_S doubling to RETRY_MAX_S; `retry_at`), so it never
 blocks the others: a batch holding it is written record by record, and the
 flusher only picks records that are due. Its reservation is settled at once
-all the same (the settlement does not wait for the record: billing's
-`record_actual` settles what it can price), by this process, not only by
-the beat's stale sweep.
+all the same (the settlement does not wait for the record), by this
+process, not only by the beat's stale sweep.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from common.outage import Outage
 
@@ -75,15 +77,20 @@ _ADDED_COLUMNS = (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("retry_at", "REAL
                   ("error", "TEXT NOT NULL DEFAULT ''"))
 _COLUMNS = "request_id, record, written, settled, added_at, attempts, retry_at, error"
 
-# (records) -> None; raises ConnectionLost when the store is away (retry), anything else per bad record
-Writer = Callable[[list[dict[str, Any]]], None]
-Settler = Callable[[list[dict[str, Any]]], bool]
-# (records) -> the function that waits for their settlement (a Settler's result), started before the write
-SettleStarter = Callable[[list[dict[str, Any]]], Callable[[], bool]]
-
 
 class ConnectionLost(Exception):
     """The store could not be reached: keep the records and try again later."""
+
+
+class SpoolSink(Protocol):
+    """Where a spool's rows go, given by its owner (the worker's: inference.worker.finish.EndingsSink)."""
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        """Write `rows`, idempotently; ConnectionLost when the store is away (all kept, retried later),
+        anything else when one of them is bad (the spool then tries them one by one)."""
+
+    def settle_start(self, rows: list[dict[str, Any]]) -> Callable[[], bool]:
+        """Start settling `rows`, idempotently; the returned function waits for it (True: settled)."""
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -99,12 +106,10 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 class Spool:
-    def __init__(self, directory: Path, *, write: Writer, settle: Settler,
-                 settle_start: SettleStarter | None = None) -> None:
+    def __init__(self, directory: Path, sink: SpoolSink) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.write, self.settle = write, settle
-        self.settle_start = settle_start  # None: `process` settles after the write
+        self.sink = sink
         name = f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = self.directory / f"{name}.sqlite3"
         self._lock_file = open(self.directory / f"{name}.lock", "w")  # noqa: SIM115 - held for the process's life
@@ -122,12 +127,9 @@ class Spool:
 
     # ------------------------------------------------------------ the hot path
     def add(self, records: list[dict[str, Any]]) -> None:
-        """Keep `records` on disk (fsynced) until `done`. A record's `costing` (the worker's priced
-        objects, reused by the first write) stays in memory: a record written from the spool is priced
-        again by the insert, from its own fields, to the same amount."""
+        """Keep `records` (JSON objects, each with its `request_id`) on disk (fsynced) until `done`."""
         now = time.time()
-        rows = [(r["request_id"], json.dumps({k: v for k, v in r.items() if k != "costing"}), now)
-                for r in records]
+        rows = [(r["request_id"], json.dumps(r), now) for r in records]
         with self._db_lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany("INSERT OR IGNORE INTO pending (request_id, record, added_at) VALUES (?, ?, ?)", rows)
@@ -185,21 +187,21 @@ class Spool:
     def process(self, records: list[dict[str, Any]]) -> tuple[bool, bool]:
         """Write and settle `records` (already added): (all written, all settled). Never raises.
 
-        With `settle_start` the settlement runs while the insert does (two round trips to two servers,
-        overlapped): one that fails is retried like a failed write, and the order of the two does not
-        matter (the spool keeps each record until both are done; each is done once). While the database
-        is known to be away, nothing is settled until its record is written."""
+        The settlement runs while the write does (two round trips to two servers, overlapped): one that
+        fails is retried like a failed write, and the order of the two does not matter (the spool keeps
+        each record until both are done; each is done once). While the database is known to be away,
+        nothing is settled until its record is written."""
         ids = [r["request_id"] for r in records]
         waiting = None
-        if self.settle_start is not None and not self.db_outage.down:
+        if not self.db_outage.down:
             waiting = self._settle_started(records)
         written_ids = self._write(records)
         written = len(written_ids) == len(ids)
         settled = False
+        if waiting is None and written:
+            waiting = self._settle_started(records)
         if waiting is not None:
             settled = self._settle_waited(waiting)
-        elif written or not self.db_outage.down:
-            settled = bool(self.settle(records))
         if settled and len(written_ids) == len(ids):  # the usual case: one mark
             self.done(ids, written=True, settled=True)
         else:
@@ -211,7 +213,7 @@ class Spool:
 
     def _settle_started(self, records: list[dict[str, Any]]) -> Callable[[], bool]:
         try:
-            return self.settle_start(records)
+            return self.sink.settle_start(records)
         except Exception:  # noqa: BLE001 - a settler that raises: settled later, by the flusher
             logger.exception("could not start settling %s", [r.get("request_id") for r in records])
             return lambda: False
@@ -228,7 +230,7 @@ class Spool:
         """Write `records`; the request ids written (all, or none while the database is away, or all but
         the ones that fail on their own: each of those is kept with its error and its next retry time)."""
         try:
-            self.write(records)
+            self.sink.write(records)
         except ConnectionLost as exc:
             self.db_outage.failed(exc)
             return []
@@ -264,7 +266,7 @@ class Spool:
                 "SELECT record FROM pending WHERE settled = 0 ORDER BY added_at LIMIT ?", (FLUSH_BATCH,))]
         if unwritten:
             self.done(self._write(unwritten), written=True)
-        if unsettled and not self.db_outage.down and self.settle(unsettled):
+        if unsettled and not self.db_outage.down and self._settle_waited(self._settle_started(unsettled)):
             self.done([r["request_id"] for r in unsettled], settled=True)
         return self.pending()
 
@@ -355,20 +357,14 @@ _spool: Spool | None = None
 _spool_lock = threading.Lock()
 
 
-def spool_get() -> Spool:
-    """This process's spool, in settings.WORKER_SPOOL_DIR (made on first use)."""
+def spool_open(directory: Path, sink: SpoolSink) -> Spool:
+    """This process's spool (opened in `directory`, writing to `sink`, on first use; taking over the rows
+    of dead processes there)."""
     global _spool
     if _spool is None:
         with _spool_lock:
             if _spool is None:
-                from django.conf import settings
-
-                from billing.services.admission import admission_settle_records, admission_settle_start
-
-                from .finish import usage_records_write
-
-                _spool = Spool(Path(settings.WORKER_SPOOL_DIR), write=usage_records_write,
-                               settle=admission_settle_records, settle_start=admission_settle_start)
+                _spool = Spool(Path(directory), sink)
     return _spool
 
 

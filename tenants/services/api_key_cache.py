@@ -107,10 +107,3 @@ def api_key_cache_clear(**_signal_kwargs) -> None:
     rows.clear()
     unknown.clear()
 
-
-def connect_signals() -> None:
-    """Every save and delete of an ApiKey, Tenant or Tier empties the cache, here and in the other web
-    processes (tenants.services.key_events)."""
-    from tenants.services import key_events
-
-    key_events.connect()

@@ -1,4 +1,4 @@
-"""The tenants' part of `manage.py bootstrap` (inference.services.platform_bootstrap):
+"""The tenants' part of `manage.py bootstrap` (inference.bootstrap.platform_bootstrap):
 default tiers, a demo tenant, an admin user.
 
 Idempotent: rows that exist are left exactly as they are (an operator may have

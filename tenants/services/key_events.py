@@ -117,7 +117,7 @@ def _on_tier(sender, instance, **_kwargs) -> None:
 
 
 def connect() -> None:
-    """Hook every save and delete of an ApiKey, Tenant or Tier (tenants' AppConfig.ready, via api_key_cache)."""
+    """Hook every save and delete of an ApiKey, Tenant or Tier (tenants' AppConfig.ready)."""
     from django.db.models.signals import post_delete, post_save
 
     from tenants.models import ApiKey, Tenant, Tier

@@ -212,7 +212,7 @@ def test_budget_alerts_go_to_the_owners_once_per_threshold(clock, tenant_factory
 
 def test_budget_alerts_use_the_tenants_own_thresholds(clock, tenant_factory, tier_factory, auth_for, price_factory,
                                                       django_user_model, settings):
-    from billing.services.admission_ledger import alert_percents_forget
+    from billing.selectors import alert_percents_forget
     from tenants.models import Membership
     from tenants.services.limits import budget_alert_percents_set
 

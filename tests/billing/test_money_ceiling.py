@@ -81,7 +81,7 @@ def check_everything(api_client, tenant, key, costs, *, start: datetime, days: i
     from billing.services.admission_ledger import ledger_totals
     from billing.services.invoices import invoice_draft_refresh
     from dashboard.selectors.console import spend_by_tenant
-    from dashboard.selectors.days import days_between
+    from billing.selectors import days_between
     from dashboard.selectors.overview import overview_get
     from dashboard.selectors.usage import usage_by_day
 

@@ -185,10 +185,11 @@ def test_a_record_that_cannot_be_priced_stays_spooled_its_reservation_settled(tm
                                                                              tenant_factory, caplog):
     from billing.admission import get_admission_backend, reset_admission_backend
     from billing.admission.memory import MemoryAdmission
-    from billing.services.admission import aadmission_reserve, admission_settle_records, admission_settle_start
+    from billing.services.admission import aadmission_reserve
+    from billing.services.settlement import Ending
     from billing.services.prices import price_retire
     from inference.worker import spool as spool_module
-    from inference.worker.finish import usage_records_write
+    from inference.worker.finish import EndingsSink
     from tenants.services.api_keys import AuthContext
 
     reset_admission_backend(MemoryAdmission())
@@ -208,12 +209,11 @@ def test_a_record_that_cannot_be_priced_stays_spooled_its_reservation_settled(tm
         async_to_sync(aadmission_reserve)(auth=auth, request_id=request_id, model=model, prompt_tokens=100,
                                           max_tokens=50)
         at = datetime.now(timezone.utc)
-        return dict(request_id=request_id, tenant_id=tenant.pk, api_key_id=None, model=model, tier=tier.name,
-                    prompt_tokens=100, cached_tokens=0, completion_tokens=50, finish_reason="stop",
-                    admitted_at=at.timestamp(), created_at=at.timestamp())
+        return Ending(request_id=request_id, tenant_id=tenant.pk, api_key_id=None, model=model, tier=tier.name,
+                      prompt_tokens=100, cached_tokens=0, completion_tokens=50, finish_reason="stop",
+                      admitted_at=at.timestamp(), created_at=at.timestamp()).to_json()  # (its price unread: bad)
 
-    spool = spool_module.Spool(tmp_path, write=usage_records_write, settle=admission_settle_records,
-                               settle_start=admission_settle_start)
+    spool = spool_module.Spool(tmp_path, EndingsSink())
     try:
         records = [admitted("r-ok", "ok"), admitted("r-zz", "zz"), admitted("r-ok2", "ok")]
         assert get_admission_backend().held() == (3, 3)

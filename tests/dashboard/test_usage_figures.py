@@ -12,7 +12,7 @@ from billing.models import DailyLatency, UsageRecord
 from billing.services.latency_rollups import percentile_cont
 from billing.services.rollups import hourly_usage_fill
 from billing.usage_buckets import FIGURES
-from dashboard.selectors.days import days_between
+from billing.selectors import days_between
 from dashboard.selectors.usage import latency_by_day, usage_by_day
 
 UTC = dt_timezone.utc

@@ -96,7 +96,7 @@ def test_service_tier_mapping(priority, expected):
 ])
 def test_done_event_errors(done, endpoint, status, param):
     """A Done's error_param (the engine's name) comes back as the client's parameter name, once."""
-    from inference.api.events import done_error
+    from inference.api.job_run import done_error
 
     error = done_error(done, endpoint=endpoint)
     if status is None:

@@ -9,11 +9,27 @@ import time
 
 
 from common.outage import Outage
-from inference.api.events import EventsLost, JobRun
+from inference.api.job_run import EventsLost, JobRun
 from inference.api.replies import Mailbox
 from inference.protocol import Delta, Done, Usage
 from inference.worker.events import EventSink
 from inference.worker.spool import ConnectionLost, Spool
+
+
+class FnSink:
+    """A spool sink (inference.worker.spool.SpoolSink) of test functions: `write(rows)`, and `settle(rows)` run
+    when the spool waits for the settlement it started (or `settle_start(rows)` itself)."""
+
+    def __init__(self, write, settle=None, settle_start=None):
+        self._write, self._settle, self._settle_start = write, settle, settle_start
+
+    def write(self, rows):
+        self._write(rows)
+
+    def settle_start(self, rows):
+        if self._settle_start is not None:
+            return self._settle_start(rows)
+        return lambda: self._settle(rows)
 
 
 class _Reply:
@@ -47,7 +63,7 @@ def test_a_resent_event_is_dropped_and_a_gap_is_reported_with_what_was_billed():
     seen, run = asyncio.run(_read(events))
     assert [e.seq for e in seen] == [1, 2, 5]  # the duplicate and the delta after the gap never reach the client
     assert run.missing == (3, 3) and run.cancelled and run.delivered_tokens == 2
-    from inference.api.events import events_lost
+    from inference.api.job_run import events_lost
 
     error = events_lost(run)
     assert isinstance(error, EventsLost) and error.status_code == 503 and error.code == "stream_interrupted"
@@ -103,17 +119,19 @@ def test_the_spool_keeps_records_until_the_database_takes_them(tmp_path):
         settled.extend(r["request_id"] for r in records)
         return True
 
-    spool = Spool(tmp_path, write=write, settle=settle)
+    spool = Spool(tmp_path, FnSink(write=write, settle=settle))
     records = [{"request_id": f"r{i}", "completion_tokens": i} for i in range(3)]
     spool.add(records)
-    assert spool.process(records) == (False, False) and spool.pending() == 3 and database == {}
+    # (the settlement overlaps the first write, before the database is known away: settled, not written)
+    assert spool.process(records) == (False, True) and spool.pending() == 3 and database == {}
+    assert spool.process(records) == (False, False)  # the database known away: nothing settled before its write
     # the process dies: its file is taken over by the next spool opened in the folder
     spool._closed = True
     spool._wake.set()
     spool._flusher.join(5)
     spool._lock_file.close()
     down["db"] = False
-    successor = Spool(tmp_path, write=write, settle=settle)
+    successor = Spool(tmp_path, FnSink(write=write, settle=settle))
     assert successor.adopted == 3
     assert successor.flush_once() == 0
     assert sorted(database) == ["r0", "r1", "r2"] and sorted(settled) == ["r0", "r1", "r2"]
@@ -140,7 +158,7 @@ def test_a_record_that_fails_to_be_written_is_kept_and_retried_without_blocking_
 
     clock = {"now": 1_000.0}
     monkeypatch.setattr(spool_module.time, "time", lambda: clock["now"])
-    spool = Spool(tmp_path, write=write, settle=settle)
+    spool = Spool(tmp_path, FnSink(write=write, settle=settle))
     monkeypatch.setattr(spool, "_start_flusher", lambda: None)  # flushed by hand below
     records = [{"request_id": "good"}, {"request_id": "bad"}, {"request_id": "good-2"}]
     spool.add(records)
@@ -174,7 +192,7 @@ def test_close_keeps_a_failing_record_for_the_next_worker_and_an_old_spool_file_
     def write(records):
         raise ValueError("refused")
 
-    spool = Spool(tmp_path, write=write, settle=lambda records: True)
+    spool = Spool(tmp_path, FnSink(write=write, settle=lambda records: True))
     records = [{"request_id": "bad"}]
     spool.add(records)
     spool.process(records)
@@ -188,8 +206,8 @@ def test_close_keeps_a_failing_record_for_the_next_worker_and_an_old_spool_file_
     old.close()
     (tmp_path / "spool-1-old.lock").touch()
     database = {}
-    successor = Spool(tmp_path, write=lambda records: database.update({r["request_id"]: r for r in records}),
-                      settle=lambda records: True)
+    successor = Spool(tmp_path, FnSink(write=lambda records: database.update({r["request_id"]: r for r in records}),
+                                       settle=lambda records: True))
     assert successor.adopted == 2
     assert [(rid, attempts) for rid, attempts, _ in successor.failing()] == [("bad", 1)]
     successor._db.execute("UPDATE pending SET retry_at = 0")  # due now
@@ -211,7 +229,7 @@ def test_a_closed_spool_writes_nothing_more(tmp_path):
             time.sleep(0.3)
         raise ConnectionLost("connection refused")
 
-    spool = Spool(tmp_path, write=write, settle=lambda records: True)
+    spool = Spool(tmp_path, FnSink(write=write, settle=lambda records: True))
     records = [{"request_id": "r1"}]
     spool.add(records)
     spool.process(records)
@@ -241,20 +259,19 @@ def test_the_settlement_overlaps_the_insert_and_a_failed_one_is_retried(tmp_path
         started.set()
         return lambda: outcome["ok"] and not settled.extend(r["request_id"] for r in records)
 
-    def settle(records):
-        settled.extend(r["request_id"] for r in records)
-        return True
-
-    spool = Spool(tmp_path, write=write, settle=settle, settle_start=settle_start)
+    spool = Spool(tmp_path, FnSink(write=write, settle_start=settle_start))
+    spool._start_flusher = lambda: None  # not before the settlement can succeed (below)
     records = [{"request_id": "r1"}]
     spool.add(records)
     assert spool.process(records) == (True, False)
+    outcome["ok"] = True
+    del spool._start_flusher
+    spool.retry_later()
     deadline = time.monotonic() + 5
     while spool.pending() and time.monotonic() < deadline:  # the spool's flusher, woken by the failure
         time.sleep(0.01)
     assert spool.pending() == 0 and writes == ["r1"] and settled == ["r1"]
     started.clear()
-    outcome["ok"] = True
     records = [{"request_id": "r2"}]
     spool.add(records)
     assert spool.process(records) == (True, True) and spool.pending() == 0
@@ -266,7 +283,7 @@ def test_adding_is_fsynced_and_marking_done_is_not(tmp_path):
     """A record is on disk before anything else (synchronous=FULL); marking it done skips the fsync (a mark lost
     in a power failure only repeats idempotent work) and leaves the connection at FULL for the next add."""
     statements: list[str] = []
-    spool = Spool(tmp_path, write=lambda records: None, settle=lambda records: True)
+    spool = Spool(tmp_path, FnSink(write=lambda records: None, settle=lambda records: True))
     spool._db.set_trace_callback(statements.append)
     records = [{"request_id": "r1"}]
     spool.add(records)
@@ -313,9 +330,9 @@ def test_a_reply_channel_is_judged_dead_only_after_its_key_is_gone_for_the_timeo
     assert watch.unheard(active, 6.0) == ({"b"}, {"r2", "r3"})
 
 
-def test_a_spooled_record_leaves_its_in_memory_costing_behind(tmp_path):
-    """The worker's costing (priced objects, reused by the first write) is not JSON: the spool keeps the record's
-    own fields, and a write from the spool prices the record again (billing.services.costs.usage_rows_cost)."""
+def test_a_spooled_row_is_kept_as_given_and_written_from_the_spool_as_it_was_added(tmp_path):
+    """The spool knows nothing of its rows: a JSON object (the worker's: an Ending with its cost,
+    billing.services.settlement) comes back from the file as it went in, for the sink to write."""
     written: list[dict] = []
     down = {"db": True}
 
@@ -324,14 +341,33 @@ def test_a_spooled_record_leaves_its_in_memory_costing_behind(tmp_path):
             raise ConnectionLost("connection refused")
         written.extend(records)
 
-    spool = Spool(tmp_path, write=write, settle=lambda records: True)
+    spool = Spool(tmp_path, FnSink(write=write, settle=lambda records: True))
     record = {"request_id": "r-costed", "completion_tokens": 3, "created_at": 1764120000.25,
-              "costing": (object(), 1, object())}
+              "priced": {"terms": None, "multiplier_milli": 1000, "cost": {"input": 10**30, "cached_input": 0,
+                                                                            "output": 7}}}
     spool.add([record])
-    assert spool.process([record]) == (False, False) and spool.pending() == 1
+    assert spool.process([record]) == (False, True) and spool.pending() == 1
     down["db"] = False
     assert spool.flush_once() == 0
     # (the spool's own flusher thread may have written it too, as a second worker could: the insert is idempotent)
-    assert written and all(r == {"request_id": "r-costed", "completion_tokens": 3, "created_at": 1764120000.25}
-                           for r in written)
+    assert written and all(r == record for r in written)
     spool.close()
+
+
+def test_the_spool_and_the_heartbeats_know_nothing_of_their_owners():
+    """Issue 36: the spool is a durable queue (no billing, no worker: its sink is given), and the heartbeats are
+    given a `figures` function, not the loop (no import cycle: finish <-> spool, heartbeat <-> loop)."""
+    import ast
+    from pathlib import Path
+
+    import inference.worker.heartbeat as heartbeat
+    import inference.worker.spool as spool
+
+    def imported(module) -> set[str]:
+        tree = ast.parse(Path(module.__file__).read_text())
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        return names | {"." * node.level + (node.module or "") for node in ast.walk(tree)
+                        if isinstance(node, ast.ImportFrom)}
+
+    assert not {name for name in imported(spool) if name.startswith(("billing", "inference", "."))}
+    assert not {name for name in imported(heartbeat) if name.startswith(("inference.worker", "."))}

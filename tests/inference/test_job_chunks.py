@@ -6,7 +6,7 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 
 from common.errors import ApiError
-from inference.api.events import JobRun, job_chunks
+from inference.api.job_run import JobRun, job_chunks
 from inference.api.replies import reply_channel_get
 from inference.api.responses import ResponseBuilder
 from inference.api.schemas import CHAT, COMPLETIONS
@@ -18,10 +18,10 @@ USAGE = Usage(prompt_tokens=7, cached_tokens=0, completion_tokens=3)
 @pytest.fixture(autouse=True)
 def no_queue(monkeypatch):
     """Cancelling a job here tells no queue (these jobs were never queued)."""
-    from inference.api import events
+    from inference.api import job_run
 
     cancelled: list[str] = []
-    monkeypatch.setattr(events, "job_cancel", lambda *, request_id: cancelled.append(request_id))
+    monkeypatch.setattr(job_run, "job_cancel", lambda *, request_id: cancelled.append(request_id))
     return cancelled
 
 

@@ -41,11 +41,15 @@ def test_engine_figures_set_the_gauges_and_advance_the_counters_by_what_they_gre
     assert value("llmp:worker_requests_active", model_name=model) == 0
 
 
-def record(**fields) -> dict:
-    base = {"request_id": "r", "model": "unit-requests", "tier": "pro", "finish_reason": "length", "prompt_tokens": 10,
-            "cached_tokens": 4, "completion_tokens": 5, "queued_s": 0.5, "ttft_s": 1.0, "duration_s": 3.0,
-            "admitted_at": 1_800_000_000.0}
-    return {**base, **fields}
+def record(**fields):
+    """An unpriced Ending (billing.services.settlement): what the metrics count."""
+    from billing.services.settlement import Ending
+
+    base = {"request_id": "r", "tenant_id": 1, "api_key_id": None, "model": "unit-requests", "tier": "pro",
+            "finish_reason": "length", "prompt_tokens": 10, "cached_tokens": 4, "completion_tokens": 5,
+            "queued_s": 0.5, "ttft_s": 1.0, "duration_s": 3.0, "admitted_at": 1_800_000_000.0,
+            "created_at": 1_800_000_003.0}
+    return Ending(**{**base, **fields})
 
 
 def test_each_record_is_one_ending_and_one_latency_of_each_kind_and_no_tokens():
@@ -73,8 +77,10 @@ def test_written_records_count_tokens_by_kind_and_spend_in_nanodollars():
                          output_per_million="2", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
     price_cache_clear()
     labels = {"model_name": "unit-spend", "tier": "pro"}
-    billed_observe([record(model="unit-spend"), record(model="unit-spend", finish_reason="error", prompt_tokens=0,
-                                                       cached_tokens=0, completion_tokens=0)])
+    # as written (billing.services.settlement.endings_write): each with its price
+    billed_observe([record(model="unit-spend").priced_now(),
+                    record(model="unit-spend", finish_reason="error", prompt_tokens=0, cached_tokens=0,
+                           completion_tokens=0).priced_now()])
     assert value("llmp:billed_tokens_total", kind="input", **labels) == 6
     assert value("llmp:billed_tokens_total", kind="cached_input", **labels) == 4
     assert value("llmp:billed_tokens_total", kind="output", **labels) == 5

@@ -10,21 +10,21 @@ from channels.layers import InMemoryChannelLayer
 from asgiref.testing import ApplicationCommunicator
 
 from common.live_counts import ERRORS, event_counts, live_counts_clear
-from inference.api.events import JobRun
+from inference.api.job_run import JobRun
 from inference.api.replies import reply_channel_get
 from inference.api.responses import ResponseBuilder
 from inference.api.schemas import CHAT
-from inference.api.views import _stream
+from inference.api.completion_views import _stream
 from inference.consumers import RealtimeConsumer
 from inference.protocol import Batch, Delta, Done, Usage
 
 
 @pytest.fixture(autouse=True)
 def counts(monkeypatch, settings):
-    from inference.api import events
+    from inference.api import job_run
 
     settings.REDIS_URL = ""  # this process's counts
-    monkeypatch.setattr(events, "job_cancel", lambda *, request_id: None)  # these jobs were never queued
+    monkeypatch.setattr(job_run, "job_cancel", lambda *, request_id: None)  # these jobs were never queued
     live_counts_clear()
     yield
     live_counts_clear()

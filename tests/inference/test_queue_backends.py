@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from inference.queue import QueueFull
+from inference.queue import QueueFull, ReplyLiveness, WorkerRegistry
 from inference.queue.job import Job
 from inference.queue.redis_backend import RedisJobQueue
 from tests.inference.queue_helpers import REDIS_TEST_URL, make_job, queue_factory, require_redis  # noqa: F401
@@ -339,6 +339,23 @@ def test_unregister_requeues_unstarted_and_returns_started(queue_factory):
     assert [j.request_id for _, j in result.failed] == [b.request_id]
     assert queue.live_workers("m") == []
     assert queue.heartbeat("w1", "m", {}) is True  # a clean exit is not a reap
+
+
+def test_the_worker_registry_and_reply_liveness_are_small_interfaces_of_their_own(queue_factory):
+    """A queue is made of a WorkerRegistry (`workers`) and a ReplyLiveness (`replies`); its own methods
+    of those names and the parts answer alike."""
+    queue = queue_factory(heartbeat_timeout=5.0)
+    assert isinstance(queue, WorkerRegistry) and isinstance(queue, ReplyLiveness)
+    assert isinstance(queue.workers, WorkerRegistry) and isinstance(queue.replies, ReplyLiveness)
+    assert queue.workers.heartbeat_timeout == queue.heartbeat_timeout == 5.0
+    assert queue.workers.heartbeat("w1", "m", {})
+    assert [w["worker_id"] for w in queue.live_workers("m")] == ["w1"]
+    assert queue.workers.unregister("w1").dead_workers == [] and queue.live_workers("m") == []
+    queue.reply_channels_touch(["a", "b"], 5.0)
+    alive = queue.reply_channels_alive({"a", "b", "c"})
+    assert alive == queue.replies.reply_channels_alive({"a", "b", "c"})
+    assert alive == ({"a", "b"} if queue.remote else {"a", "b", "c"})  # in-process: every channel is read
+    assert queue.reply_channels_alive(set()) == set()
 
 
 def test_wait_for_work_wakes_on_enqueue(queue_factory):

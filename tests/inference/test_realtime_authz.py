@@ -286,20 +286,24 @@ def _burst(server, key: str, n: int = 4) -> list[int]:
 
 
 def test_a_key_made_by_a_limited_key_is_limited_too(server):
-    """`limits_set --key K --rpm 2 --max-concurrent 1`, then K creates two keys: a burst of 4 on K gets
+    """`limits_set --key K --rpm 1 --max-concurrent 1`, then K creates two keys: a burst of 4 on K gets
     [200, 429, 429, 429], and the children share K's ceilings rather than having as much again (a child got
-    [200, 200, 200, 200] before; with copied ceilings alone each child would get one more 200)."""
+    [200, 200, 200, 200] before; with copied ceilings alone each child's burst would get a 200 of its own)."""
     slug, key = fresh_key(server)
-    manage(server.env, "limits_set", "--tenant", slug, "--key", key.rsplit("-", 1)[0], "--rpm", "2",
+    manage(server.env, "limits_set", "--tenant", slug, "--key", key.rsplit("-", 1)[0], "--rpm", "1",
            "--max-concurrent", "1")
     children = []
     for name in ("child-1", "child-2"):
         made = rest(server, "POST", "/v1/keys", key, json={"name": name})
         assert made.status_code == 201
         children.append(made.json()["key"])
+    started = time.monotonic()
     assert _burst(server, key) == [200, 429, 429, 429]
-    # K's bucket (2 a minute, one taken) refills a request every 30 s: the children find it as K left it
-    assert _burst(server, children[0]) + _burst(server, children[1]) in ([429] * 8, [200] + [429] * 7)
+    bursts = _burst(server, children[0]) + _burst(server, children[1])
+    # K's bucket (1 a minute, taken) refills a request every 60 s: the children find it as K left it, and on
+    # a slow machine get at most what refilled meanwhile (own ceilings would give each burst a 200)
+    refilled = int((time.monotonic() - started) // 60)
+    assert set(bursts) <= {200, 429} and bursts.count(200) <= refilled, (bursts, refilled)
 
 
 # ---------------------------------------------------------------- finding 6: frames limited like REST bodies

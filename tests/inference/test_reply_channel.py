@@ -12,7 +12,7 @@ import asyncio
 import pytest
 from channels.layers import InMemoryChannelLayer
 
-from inference.api.events import JobRun
+from inference.api.job_run import JobRun
 from inference.api.replies import ReplyChannel, reply_channel_get
 from inference.protocol import BATCH, Batch, Delta, Done, Usage
 from inference.worker.events import EventSink
@@ -170,17 +170,17 @@ async def test_the_sink_sends_one_message_per_reply_channel_per_hand_over():
 
 
 async def test_a_stream_closed_before_it_started_cancels_its_job_and_stops_waiting(monkeypatch):
-    from inference.api import events, views
+    from inference.api import completion_views, job_run
 
     cancelled = []
-    monkeypatch.setattr(events, "job_cancel", lambda *, request_id: cancelled.append(request_id))
+    monkeypatch.setattr(job_run, "job_cancel", lambda *, request_id: cancelled.append(request_id))
     reply = await reply_channel_get(InMemoryChannelLayer())
     run = JobRun(reply=reply, request_id="req-never-read", model="m")
 
     async def body():
         yield b""
 
-    response = views._JobStreamingResponse(run, body(), content_type="text/event-stream")
+    response = completion_views._JobStreamingResponse(run, body(), content_type="text/event-stream")
     response.close()  # what Django does when the client left before the first byte
     assert cancelled == ["req-never-read"] and reply.waiting == 0
     await asyncio.wait_for(asyncio.shield(reply._task), 5)
@@ -225,7 +225,8 @@ class _RefusingLayer(InMemoryChannelLayer):
         raise AssertionError(f"sent through the channel layer to {channel}")
 
 
-async def test_the_sink_hands_an_in_process_reply_channel_its_batch_directly():
+async def test_the_sink_hands_an_in_process_reply_channel_its_batch_directly(settings):
+    settings.EMBEDDED_WORKER = True  # the engine in this process: its pool registers the reply channel
     layer = _RefusingLayer()
     reply = await reply_channel_get(layer)
     first = JobRun(reply=reply, request_id="req-p", model="m")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -196,15 +197,17 @@ def test_racing_batches_leave_one_record_per_request(tenant_factory):
 
 @pytest.mark.django_db
 def test_the_workers_writer_keeps_the_good_records_of_a_batch_with_a_bad_one(tenant_factory):
-    from inference.worker.finish import usage_records_safe
+    from billing.services.settlement import Ending
+    from inference.worker.finish import endings_record
 
     tenant = tenant_factory()
-    batch = [_fields(tenant, request_id="s-1"), _fields(tenant, request_id="s-bad", finish_reason="timeout"),
-             _fields(tenant, request_id="s-2")]
-    assert usage_records_safe(batch) is False  # not all written
+    now = time.time()
+    batch = [Ending(**_fields(tenant, request_id=rid, finish_reason=reason), admitted_at=now, created_at=now)
+             for rid, reason in (("s-1", "stop"), ("s-bad", "timeout"), ("s-2", "stop"))]
+    assert endings_record(batch) is False  # not all written
     assert sorted(UsageRecord.objects.filter(request_id__startswith="s-").values_list("request_id", flat=True)) == [
         "s-1", "s-2"]
-    assert usage_records_safe(batch[:1] + batch[2:]) is True  # written again: the first records stay
+    assert endings_record(batch[:1] + batch[2:]) is True  # written again: the first records stay
     assert UsageRecord.objects.filter(request_id__startswith="s-").count() == 2
 
 

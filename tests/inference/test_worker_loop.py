@@ -303,7 +303,7 @@ def held_records(monkeypatch):
     from inference.worker import finisher
 
     writing, gate, sizes = threading.Event(), threading.Event(), []
-    write = finisher.usage_records_safe
+    write = finisher.endings_record
 
     def held(records):
         sizes.append(len(records))
@@ -311,7 +311,7 @@ def held_records(monkeypatch):
         assert gate.wait(60)
         return write(records)
 
-    monkeypatch.setattr(finisher, "usage_records_safe", held)
+    monkeypatch.setattr(finisher, "endings_record", held)
     return writing, gate, sizes
 
 

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from billing.services.prices import prices_bootstrap_defaults
-from inference.services import platform_bootstrap
+from inference.bootstrap import platform_bootstrap
 
 
 class Command(BaseCommand):

@@ -32,7 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 from common.errors import ApiError, InvalidRequest, ServiceUnavailable, count_error, error_body, error_json_response
 from common.outage import Outage, connection_lost
 from common.request_body import REFUSED_SCOPE_KEY
-from inference.api.events import JobRun, job_chunks
+from inference.api.job_run import JobRun, job_chunks
 from inference.api.parsing import json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
 from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse

@@ -1,4 +1,4 @@
-"""Billing reads: invoices a user or a key may see."""
+"""Invoice reads: the invoices a tenant, a user or a key may see."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 from inference.api.responses import ResponseBuilder
 from inference.api.schemas import api_param
 from inference.protocol import Delta, Done, Event
+from inference.serving import get_worker_pool
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +147,8 @@ class JobRun:
     async def events(self, *, idle_s: float | None = None) -> AsyncIterator[Event | None]:
         """Yield events until the `Done` (included); None on every `idle_s` without one.
 
-        While idle, a job whose model has no live worker left (separate worker
-        processes only) is cancelled and ends with a 503 instead of waiting forever.
+        While idle, a job whose model has no live worker left (workers with
+        heartbeats only: inference.serving) is cancelled and ends with a 503 instead of waiting forever.
         """
         idle_s = idle_s or keepalive_s()
         while self.done is None:
@@ -157,7 +158,7 @@ class JobRun:
             yield event
 
     async def _liveness_check(self) -> None:
-        if settings.EMBEDDED_WORKER or self.cancelled:
+        if self.cancelled or not get_worker_pool().has_heartbeats:
             return
         now = time.monotonic()
         if now < self._next_liveness:

@@ -1,0 +1,33 @@
+"""Budget alert thresholds per counter scope: the tenant's own, else the platform's, kept a minute per process."""
+
+from __future__ import annotations
+
+from common.cache import TtlCache
+
+ALERT_PERCENTS_TTL_S = 60  # a tenant's new alert thresholds reach every worker within a minute
+
+_alert_percents: TtlCache[str, tuple[int, ...]] = TtlCache("budget alert thresholds per counter scope",
+                                                           ttl=ALERT_PERCENTS_TTL_S, max_entries=100_000)
+
+
+def alert_percents(scope: str) -> tuple[int, ...]:
+    """The budget alert thresholds of a counter's scope ("t<id>", or "k<id>": its tenant's): the tenant's own
+    (set by its owners on the dashboard), else the platform's BUDGET_ALERT_PERCENTS. Kept ALERT_PERCENTS_TTL_S."""
+
+    def load() -> tuple[int, ...]:
+        from django.conf import settings
+
+        from tenants.models import ApiKey, Tenant
+
+        if scope.startswith("k"):
+            own = ApiKey.objects.filter(pk=int(scope[1:])).values_list("tenant__budget_alert_percents", flat=True).first()
+        else:
+            own = Tenant.objects.filter(pk=int(scope[1:])).values_list("budget_alert_percents", flat=True).first()
+        return tuple(sorted(own or settings.BUDGET_ALERT_PERCENTS))
+
+    return _alert_percents.get_or_load(scope, load)
+
+
+def alert_percents_forget() -> None:
+    """Drop this process's thresholds (a tenant's changed; other processes see it within the TTL)."""
+    _alert_percents.clear()

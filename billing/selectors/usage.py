@@ -1,0 +1,99 @@
+"""A tenant's usage per local day (tokens by kind, requests, spend; time to first token and errors), the
+models it used, and its period's usage as admission counts it: the dashboard's reads of the ledger.
+
+Token and cost figures go through billing.usage_buckets (whole days or hours from the rollups, the part the
+rollup has not reached from the records), so they are the ledger's integers (billing.ledger.SUMS). A day is
+a local day of the tenant (billing.periods.Days); TTFT percentiles and errors of closed days are stored by
+billing's hourly rollup (billing.services.latency_rollups), the open day's computed from the records with
+the same percentile_cont definition.
+"""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+from billing.admission.base import QUOTA, SPEND
+from billing.ledger import FIGURES, ledger_totals
+from billing.models import DailyUsage, UsageRecord
+from billing.periods import HOUR, Days, Period, hour_floor
+from billing.services.latency_rollups import latency_of_days, stored_latency
+from billing.usage_buckets import Query, usage_sums
+from tenants.models import Tenant
+
+
+def _empty() -> dict[str, int]:
+    return dict.fromkeys(FIGURES, 0)
+
+
+def _add_into(target: dict[str, int], sums: dict[str, int]) -> None:
+    for name in FIGURES:
+        target[name] += sums[name]
+
+
+def _sums(tenant: Tenant, start, end, width: str, models, api_key_ids):
+    return usage_sums(Query(tenant=tenant, start=start, end=end, width=width, models=tuple(models),
+                            api_key_ids=tuple(api_key_ids)))
+
+
+def usage_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict[str, int]]:
+    """Local day -> billing's FIGURES (requests, tokens by kind, costs in femto-USD), every day present."""
+    out = {day: _empty() for day in days.days}
+    if days.utc_days:
+        buckets = _sums(tenant, days.start, days.end, "1d", models, api_key_ids)
+    else:
+        end = hour_floor(days.end) + (HOUR if days.end != hour_floor(days.end) else timedelta(0))
+        buckets = dict(_sums(tenant, hour_floor(days.start), end, "1h", models, api_key_ids))
+        for hour in days.split_hours():  # the hours two local days share: per minute, from the records
+            buckets.pop(hour, None)
+            buckets.update(_sums(tenant, hour, hour + HOUR, "1m", models, api_key_ids))
+    for bucket, groups in buckets.items():
+        day = days.day_of(bucket)
+        if day is not None:
+            for sums in groups.values():
+                _add_into(out[day], sums)
+    return out
+
+
+def usage_totals(by_day: dict[date, dict[str, int]]) -> dict[str, int]:
+    total = _empty()
+    for sums in by_day.values():
+        _add_into(total, sums)
+    return total
+
+
+def latency_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict]:
+    """Local day -> requests, errors, error_rate, ttft_p50_s, ttft_p95_s (None without a first token).
+
+    Unfiltered, the closed days the hourly rollup has reached read their stored figures (exact, built
+    from their records); the rest (the open day, days not yet built, any model or key filter) are
+    computed from the records with the same definition (billing.services.latency_rollups).
+    """
+    stored = {} if (models or api_key_ids) else stored_latency(tenant=tenant, tz=days.tz, days=days.days)
+    ends = (*days.starts[1:], days.end)
+    spans = [(day, start, end) for day, start, end in zip(days.days, days.starts, ends) if day not in stored]
+    records = UsageRecord.objects.filter(tenant=tenant)
+    if models:
+        records = records.filter(model__in=list(models))
+    if api_key_ids:
+        records = records.filter(api_key_id__in=list(api_key_ids))
+    out = {**stored, **latency_of_days(records, tz=days.tz, spans=spans)}
+    out = {day: out[day] for day in days.days}
+    for figures in out.values():
+        figures["error_rate"] = figures["errors"] / figures["requests"] if figures["requests"] else 0.0
+        for name in ("ttft_p50_s", "ttft_p95_s"):
+            if figures[name] is not None:
+                figures[name] = round(float(figures[name]), 4)
+    return out
+
+
+def tenant_models(*, tenant: Tenant) -> list[str]:
+    """The models in the tenant's daily rollups and its latest 200 records, sorted."""
+    return sorted(set(DailyUsage.objects.filter(tenant=tenant).order_by().values_list("model", flat=True).distinct())
+                  | set(UsageRecord.objects.filter(tenant=tenant).order_by("-created_at")
+                        .values_list("model", flat=True)[:200]))
+
+
+def admission_used(*, tenant: Tenant, period: Period) -> tuple[int, int]:
+    """(tokens, nano-USD) of the tenant's period as admission counts them (billing.ledger.ledger_totals)."""
+    used = ledger_totals(scope=f"t{tenant.pk}", start=period.start, end=period.end)
+    return used[QUOTA], used[SPEND]
