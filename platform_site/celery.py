@@ -19,4 +19,8 @@ app.autodiscover_tasks()
 
 @app.on_after_finalize.connect
 def _task_modules_import(sender: Celery, **_kwargs) -> None:
-    sender.autodiscover_tasks(force=True)
+    from django.apps import apps
+
+    # A Celery worker finalizes the app before Django is set up: it imports the task modules itself, later
+    if apps.ready:
+        sender.autodiscover_tasks(force=True)
