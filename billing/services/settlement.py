@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection
@@ -64,7 +64,7 @@ class Ending:
     def record_fields(self) -> dict[str, Any]:
         """`usage_record_fields`' arguments (usage_records_insert, admission's settlement), with the price
         as `costing` when it has one."""
-        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "priced"}
+        record = {name: getattr(self, name) for name in _RECORD_FIELDS}
         if self.priced is not None:
             record["costing"] = self.priced
         return record
@@ -74,11 +74,11 @@ class Ending:
         one. Raises what pricing raises (billing.services.price_cache.PriceUnavailable, a lost connection)."""
         if self.priced is not None:
             return self
-        return replace(self, priced=_price(self))
+        return replace(self, priced=_price(self))  # (a worker's ending is priced in ending_make)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object of plain numbers and strings (its cost's integers stay exact)."""
-        row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "priced"}
+        row = {name: getattr(self, name) for name in _RECORD_FIELDS}
         row["priced"] = None if self.priced is None else _priced_json(self.priced)
         return row
 
@@ -86,15 +86,24 @@ class Ending:
     def from_json(cls, row: dict[str, Any]) -> Ending:
         """`to_json`'s inverse; also reads an older spool's row (the record's fields, no `priced`: priced when
         written). A row missing a required field raises TypeError."""
-        names = {f.name for f in fields(cls)}
-        values = {k: v for k, v in row.items() if k in names and k != "priced"}
+        values = {k: v for k, v in row.items() if k in _RECORD_NAMES}
         priced = row.get("priced")
         return cls(**values, priced=None if priced is None else _priced_from_json(priced))
 
 
+# The record's fields (all but `priced`), read once: `dataclasses.fields` per call cost more than the rest
+# of a conversion, and every ending is converted four times on its way (to the spool and back, twice)
+_RECORD_FIELDS = tuple(f.name for f in fields(Ending) if f.name != "priced")
+_RECORD_NAMES = frozenset(_RECORD_FIELDS)
+
+
 def _priced_json(priced: Priced) -> dict[str, Any]:
-    return {"terms": None if priced.terms is None else asdict(priced.terms),
-            "multiplier_milli": priced.multiplier_milli, "cost": asdict(priced.cost)}
+    terms, cost = priced.terms, priced.cost
+    return {"terms": None if terms is None else {"price_id": terms.price_id, "input_picos": terms.input_picos,
+                                                 "cached_input_picos": terms.cached_input_picos,
+                                                 "output_picos": terms.output_picos},
+            "multiplier_milli": priced.multiplier_milli,
+            "cost": {"input": cost.input, "cached_input": cost.cached_input, "output": cost.output}}
 
 
 def _priced_from_json(row: dict[str, Any]) -> Priced:
@@ -114,12 +123,12 @@ def ending_make(**values: Any) -> Ending:
     and the request's end is never held up by pricing."""
     ending = Ending(**values)
     try:
-        priced = ending.priced_now()
+        priced = _price(ending)
     except Exception as exc:  # noqa: BLE001 - a done event is never lost to pricing
         _pricing_outage.failed(f"{ending.request_id}: {exc!r}")
         return ending
     _pricing_outage.ok()
-    return priced
+    return Ending(**values, priced=priced)
 
 
 class DatabaseAway(Exception):
