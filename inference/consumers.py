@@ -59,12 +59,13 @@ from common.errors import (
     error_body,
 )
 from inference.api.job_run import job_chunks
-from inference.api.parsing import MAX_BODY_BYTES, json_object_parse
+from inference.api.parsing import json_object_parse
 from inference.api.responses import response_builder, usage_body
 from inference.api.schemas import ENDPOINTS, api_request_parse
 from inference.api.services import (
     INFERENCE_SCOPE, ajob_submit, arequest_prepare, arequest_refused_count, request_id_new,
 )
+from inference.realtime_frames import MAX_CLIENT_ID, MAX_FRAME_BYTES, frame_too_large, header_value, valid_client_id
 from tenants.services.api_keys import AuthContext, aapi_key_verify, bearer_token
 from tenants.services.key_events import KeyWatch, key_watch_start, key_watch_stop, key_watch_update
 
@@ -73,9 +74,6 @@ logger = logging.getLogger(__name__)
 AUTH_TIMEOUT_S = 10.0
 CANCEL_GRACE_S = 5.0  # wait this long for the engine's "abort" done event after a cancel
 MAX_IN_FLIGHT = 64
-MAX_CLIENT_ID = 128
-# a frame carries a REST body in a small envelope (type, id, endpoint): REST's limit plus room for that
-MAX_FRAME_BYTES = MAX_BODY_BYTES + 1024
 CLOSE_UNAUTHORIZED = 4401  # after a 401 error frame (bad, revoked or expired key; no key in time)
 CLOSE_FORBIDDEN = 4403  # after a 403 error frame (tenant suspended, no `inference` scope)
 CLOSE_INTERNAL = 1011  # the key could not be checked when the socket opened
@@ -103,8 +101,12 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
         self._recheck: asyncio.Task | None = None
         self._recheck_again = False
         self._closing = False
+        # request frames are admitted in the order they arrived (asyncio.Lock wakes its waiters first in, first
+        # out): of two frames sent at once under a ceiling of one, the second is the one refused, as with REST
+        # requests sent one after the other; the streams themselves then run side by side
+        self._admission = asyncio.Lock()
         await self.accept()
-        header = _header(self.scope, b"authorization")
+        header = header_value(self.scope, b"authorization")
         if header is not None:
             await self._authenticate(header)
         else:
@@ -133,7 +135,7 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
         if text_data is None:
             await self._error(InvalidRequest("Binary frames are not supported; send JSON text frames.", code="invalid_frame"))
             return
-        if _frame_too_large(text_data):  # before any parsing
+        if frame_too_large(text_data):  # before any parsing
             error = InvalidRequest(
                 f"The frame is too large (limit {MAX_FRAME_BYTES} bytes).", code="request_too_large", status=413)
             await self._refusal_count(error)
@@ -156,7 +158,7 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
             ))
             return
         if self.auth is not None:  # every frame of an authenticated socket re-checks its key first
-            client_id = content.get("id") if kind == "request" and _valid_client_id(content.get("id")) else None
+            client_id = content.get("id") if kind == "request" and valid_client_id(content.get("id")) else None
             if not await self._reauthorize(client_id):
                 return
         await getattr(self, handler)(content)
@@ -176,7 +178,7 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
 
     async def _on_request(self, content: dict) -> None:
         client_id = content.get("id")
-        if not _valid_client_id(client_id):
+        if not valid_client_id(client_id):
             await self._error(InvalidRequest(f"A request frame needs a string 'id' of 1 to {MAX_CLIENT_ID} printable characters.", param="id"))
             return
         if self.auth is None:
@@ -217,15 +219,16 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
         """One request, with the context its frame was authorized with (the tier and ceilings of now)."""
         try:
             request_id = request_id_new()
-            try:
-                request = api_request_parse(endpoint=endpoint, body=body)
-                prepared = await arequest_prepare(auth=auth, request=request, request_id=request_id)
-            except ApiError as exc:  # refused for its body: it still counts against the key's requests per minute
-                await arequest_refused_count(auth=auth, request_id=request_id, error=exc)
-                raise
+            async with self._admission:
+                try:
+                    request = api_request_parse(endpoint=endpoint, body=body)
+                    prepared = await arequest_prepare(auth=auth, request=request, request_id=request_id)
+                except ApiError as exc:  # refused for its body: it still counts against the key's requests per minute
+                    await arequest_refused_count(auth=auth, request_id=request_id, error=exc)
+                    raise
+                run = await ajob_submit(prepared=prepared)
             builder = response_builder(prepared=prepared)
             builder.include_usage = False  # usage comes in the done frame
-            run = await ajob_submit(prepared=prepared)
             entry.run = run
             if entry.cancel_requested:
                 run.cancel()
@@ -372,26 +375,6 @@ def _unavailable() -> ServiceUnavailable:
                               code="auth_unavailable")
 
 
-def _valid_client_id(client_id) -> bool:
-    return isinstance(client_id, str) and 0 < len(client_id) <= MAX_CLIENT_ID and client_id.isprintable()
-
-
-def _frame_too_large(text: str) -> bool:
-    """More than MAX_FRAME_BYTES in UTF-8, decided without encoding unless the length is in doubt."""
-    if len(text) > MAX_FRAME_BYTES:
-        return True  # at least one byte a character
-    if len(text) * 4 <= MAX_FRAME_BYTES:
-        return False  # at most four
-    return len(text.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES
-
-
 def _cancel_if_running(task: asyncio.Task | None) -> None:
     if task is not None and not task.done():
         task.cancel()
-
-
-def _header(scope: dict, name: bytes) -> str | None:
-    for key, value in scope.get("headers") or []:
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None
