@@ -10,10 +10,15 @@ Layouts (ggml-common.h), per block:
   Q4_0  (32 values, 18 bytes):  d:f16, qs:u8[16]                  x = d*(nibble-8)
   Q4_1  (32 values, 20 bytes):  d:f16, m:f16, qs:u8[16]           x = d*nibble + m
         values 0..15 are the low nibbles of qs, 16..31 the high nibbles.
+  Q5_0  (32 values, 22 bytes):  d:f16, qh:u8[4], qs:u8[16]        x = d*(q5-16)
+  Q5_1  (32 values, 24 bytes):  d:f16, m:f16, qh:u8[4], qs:u8[16] x = d*q5 + m
+        q5 = the Q4 nibble of value j | bit j of qh (little-endian 32 bits) << 4.
   Q4_K  (256 values, 144 bytes): d:f16, dmin:f16, scales:u8[12] (8 six-bit
         scales and 8 six-bit mins), qs:u8[128]; sub-block j of 32 values is
         d*sc[j]*nibble - dmin*m[j], chunk c of 32 bytes giving sub-blocks 2c
         (low nibbles) and 2c+1 (high nibbles).
+  Q5_K  (256 values, 176 bytes): Q4_K's d, dmin, scales, then qh:u8[32],
+        qs:u8[128]; value l of sub-block j has Q4_K's nibble | bit j of qh[l] << 4.
   Q6_K  (256 values, 210 bytes): ql:u8[128], qh:u8[64], scales:i8[16], d:f16;
         two halves of 128 values, each from 64 ql bytes and 32 qh bytes;
         value = d*scale[i//16]*(q6-32).
@@ -36,7 +41,10 @@ SUPPORTED_TYPES = (
     GGMLQuantizationType.Q8_0,
     GGMLQuantizationType.Q4_0,
     GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q5_1,
     GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K,
     GGMLQuantizationType.Q6_K,
 )
 
@@ -63,6 +71,25 @@ def _q4_1(blocks: torch.Tensor) -> torch.Tensor:
     return _nibbles(blocks[:, 4:]).float() * _f16(blocks, 0) + _f16(blocks, 2)
 
 
+def _bits(qh: torch.Tensor) -> torch.Tensor:
+    """[n, k] bytes -> [n, 8k] uint8 bits, bit j of the little-endian k-byte word at position j."""
+    shifts = torch.arange(8, dtype=torch.uint8)
+    return ((qh.unsqueeze(-1) >> shifts) & 1).reshape(qh.shape[0], -1)
+
+
+def _q5(blocks: torch.Tensor, qh_at: int) -> torch.Tensor:
+    """The 32 five-bit codes of Q5_0/Q5_1 blocks whose qh starts at byte `qh_at`, as float32 [n, 32]."""
+    return (_nibbles(blocks[:, qh_at + 4:]) | (_bits(blocks[:, qh_at:qh_at + 4]) << 4)).float()
+
+
+def _q5_0(blocks: torch.Tensor) -> torch.Tensor:
+    return (_q5(blocks, 2) - 16.0) * _f16(blocks, 0)
+
+
+def _q5_1(blocks: torch.Tensor) -> torch.Tensor:
+    return _q5(blocks, 4) * _f16(blocks, 0) + _f16(blocks, 2)
+
+
 def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Unpack the 12-byte Q4_K/Q5_K header into eight 6-bit scales and eight 6-bit mins."""
     low_sc, low_mn, high = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
@@ -77,6 +104,18 @@ def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
     scales, mins = _k_scales_mins(blocks[:, 4:16])
     qs = blocks[:, 16:].reshape(n, 4, 1, 32)
     q = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, 8, 32).float()
+    return (q * (d * scales).unsqueeze(-1) - (dmin * mins).unsqueeze(-1)).reshape(n, QK_K)
+
+
+def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
+    scales, mins = _k_scales_mins(blocks[:, 4:16])
+    qh = blocks[:, 16:48].reshape(n, 1, 32)
+    high = torch.cat([(qh >> j) & 1 for j in range(8)], dim=1)  # [n, 8, 32]: bit j of qh[l] for sub-block j
+    qs = blocks[:, 48:].reshape(n, 4, 1, 32)
+    low = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, 8, 32)
+    q = (low | (high << 4)).float()
     return (q * (d * scales).unsqueeze(-1) - (dmin * mins).unsqueeze(-1)).reshape(n, QK_K)
 
 
@@ -96,7 +135,10 @@ _BLOCK_DEQUANTIZERS = {
     GGMLQuantizationType.Q8_0: _q8_0,
     GGMLQuantizationType.Q4_0: _q4_0,
     GGMLQuantizationType.Q4_1: _q4_1,
+    GGMLQuantizationType.Q5_0: _q5_0,
+    GGMLQuantizationType.Q5_1: _q5_1,
     GGMLQuantizationType.Q4_K: _q4_k,
+    GGMLQuantizationType.Q5_K: _q5_k,
     GGMLQuantizationType.Q6_K: _q6_k,
 }
 

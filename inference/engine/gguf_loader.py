@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from .model_config import ModelConfig
+from .model_config import ModelConfig, RopeScaling
 
 if TYPE_CHECKING:  # torch is imported lazily: the tokenizer reads headers in processes that need no torch
     import torch
@@ -45,7 +45,7 @@ _NUMPY_TYPES = {
 
 # Architectures whose Q/K rows llama.cpp permutes when converting from Hugging Face.
 _PERMUTED_QK_ARCHITECTURES = {"llama"}
-_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # llama.cpp writes Mistral 7B as "llama"
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # llama.cpp writes Mistral 7B as "llama"
 
 
 class GGUFFormatError(ValueError):
@@ -133,8 +133,10 @@ def config_from_gguf_metadata(metadata: dict, tensor_names: set[str]) -> ModelCo
         return value
 
     scaling = metadata.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none") or "rope_freqs.weight" in tensor_names:
+    if scaling not in (None, "none"):
         raise GGUFFormatError(f"rope scaling {scaling!r} is not supported")
+    # Llama 3.1+: llama.cpp writes the "llama3" scaling as per-frequency divisors, read at load (rope.py)
+    rope_scaling = RopeScaling() if "rope_freqs.weight" in tensor_names else None
     hidden = int(key("embedding_length"))
     num_heads = int(key("attention.head_count"))
     head_dim = int(metadata.get(f"{arch}.attention.key_length", hidden // num_heads))
@@ -159,7 +161,20 @@ def config_from_gguf_metadata(metadata: dict, tensor_names: set[str]) -> ModelCo
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
+        rope_scaling=rope_scaling,
     )
+
+
+def _with_rope_freqs(config: ModelConfig, source: _Tensors) -> ModelConfig:
+    """`config` with the float32 values of the file's rope_freqs.weight (llama.cpp's llama3 divisors)."""
+    import torch
+
+    from .dequant import dequantize
+    from .rope import with_freq_factors
+
+    t = source.tensor("rope_freqs.weight")
+    return with_freq_factors(config, dequantize(t.data, t.tensor_type, source.infos["rope_freqs.weight"][0],
+                                                torch.float32))
 
 
 def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -168,6 +183,85 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     rest = weight.shape[1:]
     return (weight.reshape(num_heads, rows // num_heads // 2, 2, *rest)
             .transpose(1, 2).reshape(rows, *rest).contiguous())
+
+
+class _Tensors:
+    """A GGUF file's tensors, read on demand in our layout: dequantised to `dtype`, or packed, with the Q/K
+    rows llama.cpp permuted put back in rotate-half order (by the head count each getter is given)."""
+
+    def __init__(self, path: str | Path, metadata: dict, infos: dict, dtype: torch.dtype) -> None:
+        self.path, self.infos, self.dtype = path, infos, dtype
+        self.permuted = metadata["general.architecture"] in _PERMUTED_QK_ARCHITECTURES
+        self.tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+
+    def tensor(self, name: str):
+        found = self.tensors.get(name)
+        if found is None:
+            raise GGUFFormatError(f"{self.path}: tensor {name} is missing")
+        return found
+
+    def get(self, name: str, heads: int | None = None) -> torch.Tensor:
+        from .dequant import dequantize
+
+        t = self.tensor(name)
+        value = dequantize(t.data, GGMLQuantizationType(t.tensor_type), self.infos[name][0], self.dtype)
+        return unpermute_qk(value, heads) if heads and self.permuted else value
+
+    def int4_groups(self, names: list[str], heads: list[int | None]) -> Int4Groups | None:
+        """The exact 4-bit groups of `names` concatenated by rows, or None unless all are Q4_0/Q4_1."""
+        from .dequant import int4_groups
+        from .packed_linear import Int4Groups
+
+        parts = []
+        for name, head_count in zip(names, heads):
+            t = self.tensor(name)
+            part = int4_groups(t.data, GGMLQuantizationType(t.tensor_type), self.infos[name][0])
+            if part is None:
+                return None
+            parts.append(part.map_rows(lambda x, h=head_count: unpermute_qk(x, h)) if head_count and self.permuted
+                         else part)
+        return Int4Groups.cat(parts)
+
+    def int8_blocks(self, name: str) -> Int8Blocks | None:
+        """The exact int8 blocks of `name`, or None unless it is Q8_0."""
+        from .dequant import int8_blocks
+
+        t = self.tensor(name)
+        return int8_blocks(t.data, GGMLQuantizationType(t.tensor_type), self.infos[name][0])
+
+
+def _fused_linears(config: ModelConfig, i: int) -> dict[str, tuple[list[str], list[int | None]]]:
+    """Layer `i`'s Linears -> their GGUF sources, with the head count to unpermute Q/K rows by."""
+    blk, out = f"blk.{i}", f"layers.{i}"
+    return {
+        f"{out}.self_attn.qkv_proj": ([f"{blk}.attn_q", f"{blk}.attn_k", f"{blk}.attn_v"],
+                                      [config.num_heads, config.num_kv_heads, None]),
+        f"{out}.self_attn.o_proj": ([f"{blk}.attn_output"], [None]),
+        f"{out}.mlp.gate_up_proj": ([f"{blk}.ffn_gate", f"{blk}.ffn_up"], [None, None]),
+        f"{out}.mlp.down_proj": ([f"{blk}.ffn_down"], [None]),
+    }
+
+
+def _load_layer(source: _Tensors, config: ModelConfig, i: int, *, int4: bool, state: dict[str, torch.Tensor],
+                packed: dict[str, Int4Groups | Int8Blocks]) -> None:
+    """Add layer `i`'s parameters to `state` (and its 4-bit Linears to `packed` with `int4`)."""
+    import torch
+
+    blk, out = f"blk.{i}", f"layers.{i}"
+    get = source.get
+    for linear, (sources, heads) in _fused_linears(config, i).items():
+        state[f"{linear}.weight"] = torch.cat([get(f"{s}.weight", h) for s, h in zip(sources, heads)])
+        if int4 and (found := source.int4_groups([f"{s}.weight" for s in sources], heads)) is not None:
+            packed[linear] = found
+    if config.attention_bias:
+        state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat(
+            (get(f"{blk}.attn_q.bias", config.num_heads), get(f"{blk}.attn_k.bias", config.num_kv_heads),
+             get(f"{blk}.attn_v.bias")))
+    if config.qk_norm:  # Qwen3 (llama.cpp does not permute its rows: NeoX rotary)
+        state[f"{out}.self_attn.q_norm.weight"] = get(f"{blk}.attn_q_norm.weight")
+        state[f"{out}.self_attn.k_norm.weight"] = get(f"{blk}.attn_k_norm.weight")
+    state[f"{out}.input_layernorm.weight"] = get(f"{blk}.attn_norm.weight")
+    state[f"{out}.post_attention_layernorm.weight"] = get(f"{blk}.ffn_norm.weight")
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_head: bool = False
@@ -179,65 +273,21 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_
     maps "lm_head" to the exact int8 blocks of the output weight (the token embedding when tied) when
     that tensor is Q8_0. Otherwise it is empty.
     """
-    import torch
-
-    from .dequant import dequantize, int4_groups, int8_blocks
-    from .packed_linear import Int4Groups, Int8Blocks
-
     metadata, infos = read_gguf_header(path)
     config = config_from_gguf_metadata(metadata, set(infos))
-    permuted = metadata["general.architecture"] in _PERMUTED_QK_ARCHITECTURES
-    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    source = _Tensors(path, metadata, infos, dtype)
+    if config.rope_scaling is not None:  # llama.cpp's llama3 rope scaling: its per-frequency divisors
+        config = _with_rope_freqs(config, source)
 
-    def tensor(name: str):
-        found = tensors.get(name)
-        if found is None:
-            raise GGUFFormatError(f"{path}: tensor {name} is missing")
-        return found
-
-    def get(name: str, heads: int | None = None) -> torch.Tensor:
-        t = tensor(name)
-        value = dequantize(t.data, GGMLQuantizationType(t.tensor_type), infos[name][0], dtype)
-        return unpermute_qk(value, heads) if heads and permuted else value
-
-    def groups(names: list[str], heads: list[int | None]) -> Int4Groups | None:
-        parts = []
-        for name, head_count in zip(names, heads):
-            t = tensor(name)
-            part = int4_groups(t.data, GGMLQuantizationType(t.tensor_type), infos[name][0])
-            if part is None:
-                return None
-            parts.append(part.map_rows(lambda x, h=head_count: unpermute_qk(x, h)) if head_count and permuted
-                         else part)
-        return Int4Groups.cat(parts)
-
-    state: dict[str, torch.Tensor] = {"embed_tokens.weight": get("token_embd.weight"),
-                                      "norm.weight": get("output_norm.weight")}
+    state: dict[str, torch.Tensor] = {"embed_tokens.weight": source.get("token_embd.weight"),
+                                      "norm.weight": source.get("output_norm.weight")}
     if not config.tie_word_embeddings:
-        state["lm_head.weight"] = get("output.weight")
+        state["lm_head.weight"] = source.get("output.weight")
     packed: dict[str, Int4Groups | Int8Blocks] = {}
     if int8_head:
         head_name = "token_embd.weight" if config.tie_word_embeddings else "output.weight"
-        head = tensor(head_name)
-        if (blocks := int8_blocks(head.data, GGMLQuantizationType(head.tensor_type), infos[head_name][0])):
+        if (blocks := source.int8_blocks(head_name)):
             packed["lm_head"] = blocks
     for i in range(config.num_layers):
-        blk, out = f"blk.{i}", f"layers.{i}"
-        fused = {  # our Linear -> its GGUF sources, with the head count to unpermute Q/K rows by
-            f"{out}.self_attn.qkv_proj": ([f"{blk}.attn_q", f"{blk}.attn_k", f"{blk}.attn_v"],
-                                          [config.num_heads, config.num_kv_heads, None]),
-            f"{out}.self_attn.o_proj": ([f"{blk}.attn_output"], [None]),
-            f"{out}.mlp.gate_up_proj": ([f"{blk}.ffn_gate", f"{blk}.ffn_up"], [None, None]),
-            f"{out}.mlp.down_proj": ([f"{blk}.ffn_down"], [None]),
-        }
-        for linear, (sources, heads) in fused.items():
-            state[f"{linear}.weight"] = torch.cat([get(f"{s}.weight", h) for s, h in zip(sources, heads)])
-            if int4 and (found := groups([f"{s}.weight" for s in sources], heads)) is not None:
-                packed[linear] = found
-        if config.attention_bias:
-            state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat(
-                (get(f"{blk}.attn_q.bias", config.num_heads), get(f"{blk}.attn_k.bias", config.num_kv_heads),
-                 get(f"{blk}.attn_v.bias")))
-        state[f"{out}.input_layernorm.weight"] = get(f"{blk}.attn_norm.weight")
-        state[f"{out}.post_attention_layernorm.weight"] = get(f"{blk}.ffn_norm.weight")
+        _load_layer(source, config, i, int4=int4, state=state, packed=packed)
     return config, state, packed

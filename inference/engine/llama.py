@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) over a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over a paged KV cache.
 
 Inputs are a flattened batch of T tokens from any mix of sequences; the
 per-step AttentionMetadata says which tokens belong to which sequence and
@@ -12,12 +12,17 @@ saves ~300 Python calls per decode step. Those Linears may also carry a packed
 CUDA they may be swapped for fp8 ones (fp8_linear). The forward is also split at
 attention (`LlamaDecoderLayer.input_norm`, `LlamaAttention.project`,
 `LlamaDecoderLayer.after_attention`), the same ops in the same order, so that
-prefill_graphs can capture the parts between attentions.
+prefill_graphs can capture the parts between attentions. Qwen3's per-head q/k
+RMSNorm (config.qk_norm) runs in `project` between the fused QKV matmul and the
+rotary embedding: one norm kernel each over the [T * heads, head_dim] rows. The
+rotary cos/sin cache, scaled for Llama 3.x where the config says so, comes from
+inference.engine.rope.
 
 Parameter names (what the loaders produce):
   embed_tokens.weight, norm.weight, lm_head.weight (absent when tied),
   layers.{i}.input_layernorm.weight, layers.{i}.post_attention_layernorm.weight,
   layers.{i}.self_attn.qkv_proj.weight (+ .bias for Qwen2), layers.{i}.self_attn.o_proj.weight,
+  layers.{i}.self_attn.q_norm.weight, layers.{i}.self_attn.k_norm.weight ([head_dim], Qwen3 only),
   layers.{i}.mlp.gate_up_proj.weight, layers.{i}.mlp.down_proj.weight
 """
 
@@ -28,7 +33,7 @@ from torch import nn
 
 from kernels.dispatch import get_ops
 
-from . import cpu_matmul, packed_linear
+from . import cpu_matmul, packed_linear, rope
 from .attention import PagedAttention
 from .attention_metadata import AttentionMetadata
 from .model_config import ModelConfig
@@ -50,6 +55,8 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, cos_sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops) -> torch.Tensor:
@@ -66,6 +73,9 @@ class LlamaAttention(nn.Module):
         optional output buffer for q."""
         tokens = hidden.shape[0]
         q, k, v = self.qkv_proj.forward(hidden, mm).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        if self.q_norm is not None:  # Qwen3: RMSNorm over each head's head_dim values (rows of [T * H, D])
+            q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.q_norm.eps)
+            k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.k_norm.eps)
         return ops.rotary_and_store_kv(positions, q.view(tokens, self.num_heads, self.head_dim),
                                        k.view(tokens, self.num_kv_heads, self.head_dim),
                                        v.view(tokens, self.num_kv_heads, self.head_dim), cos_sin, *kv_cache,
@@ -129,9 +139,7 @@ class LlamaForCausalLM(nn.Module):
     def cos_sin_cache(self, device: torch.device) -> torch.Tensor:
         cache = self._cos_sin.get(device)
         if cache is None:
-            cfg = self.config
-            cache = get_ops(device).build_cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings,
-                                                        cfg.rope_theta, device)
+            cache = rope.build_cos_sin_cache(self.config, device)
             self._cos_sin[device] = cache
         return cache
 

@@ -1,15 +1,52 @@
 """The architecture description every loader produces and the model consumes.
 
-One shape for all supported families (Llama, Qwen2, Mistral): a Llama decoder
-with grouped-query attention, RMSNorm, rotary embeddings and a SwiGLU MLP.
-Qwen2 differs only by biases on the Q/K/V projections.
+One shape for all supported families (Llama, Qwen2, Mistral, Qwen3): a Llama
+decoder with grouped-query attention, RMSNorm, rotary embeddings and a SwiGLU
+MLP. Qwen2 differs only by biases on the Q/K/V projections; Qwen3 by an RMSNorm
+over each head of q and k before the rotary embedding (no biases), often with a
+head_dim other than hidden_size / num_heads. Llama 3.1+ scales the rotary
+frequencies (`RopeScaling`, computed by inference.engine.rope).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3")
+QK_NORM_ARCHITECTURES = ("qwen3",)  # per-head RMSNorm of q and k before the rotary embedding
+ROPE_SCALING_TYPES = ("llama3",)
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """Llama 3.x rotary scaling ("llama3"), as transformers' `_compute_llama3_parameters` applies it.
+
+    From a Hugging Face config: factor, low_freq_factor, high_freq_factor and original_max_position_embeddings.
+    From a GGUF: llama.cpp's per-frequency divisors (its `rope_freqs.weight` tensor), `freq_factors`; a config
+    read from a GGUF's header alone has neither (the factors are in the tensor data, read at load).
+    """
+
+    rope_type: str = "llama3"
+    factor: float | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    freq_factors: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_SCALING_TYPES:
+            raise ValueError(f"rope scaling {self.rope_type!r} is not supported (supported: {ROPE_SCALING_TYPES})")
+        params = (self.factor, self.low_freq_factor, self.high_freq_factor, self.original_max_position_embeddings)
+        if any(p is None for p in params) and any(p is not None for p in params):
+            raise ValueError("llama3 rope scaling needs factor, low_freq_factor, high_freq_factor and "
+                             f"original_max_position_embeddings, got {params}")
+        if self.factor is not None and not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got "
+                             f"{self.high_freq_factor} <= {self.low_freq_factor}")
+
+    @property
+    def from_params(self) -> bool:
+        return self.factor is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +66,7 @@ class ModelConfig:
     attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -41,6 +79,13 @@ class ModelConfig:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        factors = self.rope_scaling.freq_factors if self.rope_scaling else None
+        if factors is not None and len(factors) != self.head_dim // 2:
+            raise ValueError(f"{len(factors)} rope frequency factors for head_dim {self.head_dim}")
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.architecture in QK_NORM_ARCHITECTURES
 
     @property
     def q_size(self) -> int:

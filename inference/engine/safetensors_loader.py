@@ -1,7 +1,10 @@
 """Hugging Face checkpoints: a directory with config.json and *.safetensors.
 
-Supports LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (biases
-on q/k/v). Weights are renamed into our layout, fusing q/k/v and gate/up.
+Supports LlamaForCausalLM (Llama 3.x "llama3" rope scaling included),
+MistralForCausalLM, Qwen2ForCausalLM (biases on q/k/v) and Qwen3ForCausalLM
+(per-head q/k norms). Weights are renamed into our layout, fusing q/k/v and
+gate/up. Any other rope scaling, sliding-window Qwen layers, partial rotary
+embeddings or MLP biases are refused with a ValueError naming them.
 """
 
 from __future__ import annotations
@@ -12,23 +15,48 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .model_config import ModelConfig
+from .model_config import ModelConfig, RopeScaling
 
-_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def rope_from_hf(config: dict) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, the llama3 scaling or None) of a config.json, read as transformers' standardize_rope_params
+    reads it (`rope_parameters`, or the older `rope_scaling` with a top-level `rope_theta`); a ValueError for
+    a rope type we do not implement."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if any(isinstance(value, dict) for value in rope.values()):
+        raise ValueError(f"per-layer-type rope parameters ({sorted(rope)}) are not supported")
+    rope_type = rope.get("rope_type", rope.get("type")) or "default"
+    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"partial rotary embeddings (partial_rotary_factor={partial}) are not supported")
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "llama3":
+        raise ValueError(f"rope scaling {rope_type!r} is not supported (supported: 'llama3')")
+    # transformers prefers a top-level original_max_position_embeddings, then the rope dict's, then the context
+    original = (config.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+                or config.get("max_position_embeddings"))
+    try:
+        return theta, RopeScaling("llama3", float(rope["factor"]), float(rope["low_freq_factor"]),
+                                  float(rope["high_freq_factor"]), int(original))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"llama3 rope scaling lacks {exc}: {rope}") from None
 
 
 def config_from_hf(config: dict) -> ModelConfig:
     model_type = config.get("model_type")
     if model_type not in _MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(_MODEL_TYPES)}")
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ValueError(f"rope scaling {rope_type!r} is not supported")
+    rope_theta, rope_scaling = rope_from_hf(config)
     if config.get("mlp_bias"):
         raise ValueError("MLP biases are not supported")
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"activation {config.get('hidden_act')!r} is not supported")
+    if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window"):
+        raise ValueError("sliding-window attention (use_sliding_window) is not supported")
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     eos = config.get("eos_token_id")
     return ModelConfig(
@@ -40,13 +68,14 @@ def config_from_hf(config: dict) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=int(config.get("num_key_value_heads") or heads),
         head_dim=int(config.get("head_dim") or hidden // heads),
-        rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        rope_theta=rope_theta,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
         bos_token_id=config.get("bos_token_id"),
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        rope_scaling=rope_scaling,
     )
 
 
@@ -90,6 +119,9 @@ def load_safetensors(path: str | Path, *, dtype: torch.dtype) -> tuple[ModelConf
         if config.attention_bias:
             state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat([get(f"{attn}.{p}_proj.bias") for p in "qkv"])
         state[f"{out}.self_attn.o_proj.weight"] = get(f"{attn}.o_proj.weight")
+        if config.qk_norm:
+            state[f"{out}.self_attn.q_norm.weight"] = get(f"{attn}.q_norm.weight")
+            state[f"{out}.self_attn.k_norm.weight"] = get(f"{attn}.k_norm.weight")
         state[f"{out}.mlp.gate_up_proj.weight"] = torch.cat(
             (get(f"{src}.mlp.gate_proj.weight"), get(f"{src}.mlp.up_proj.weight")))
         state[f"{out}.mlp.down_proj.weight"] = get(f"{src}.mlp.down_proj.weight")

@@ -13,7 +13,8 @@ from inference.engine.dequant import SUPPORTED_TYPES, dequantize, int4_groups
 
 Q = GGMLQuantizationType
 # Byte offsets of the float16 scale fields inside one block of each type.
-F16_FIELDS = {Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q4_K: [0, 2], Q.Q6_K: [208]}
+F16_FIELDS = {Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q4_K: [0, 2],
+              Q.Q5_K: [0, 2], Q.Q6_K: [208]}
 
 
 def random_blocks(qtype, rows: int, blocks_per_row: int, seed: int = 0) -> np.ndarray:
@@ -35,7 +36,8 @@ def test_block_types_equal_gguf_reference_on_synthetic_blocks(qtype):
     np.testing.assert_array_equal(ours.numpy(), expected)  # bit-identical float32
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1],
+                         ids=lambda q: q.name)
 def test_round_trip_through_gguf_quantize(qtype):
     values = np.random.default_rng(1).normal(size=(8, 64)).astype(np.float32)
     raw = gguf_quantize(values, qtype)
@@ -80,8 +82,9 @@ def test_int4_groups_reproduce_the_dequantised_weight(qtype):
 
 
 def test_unsupported_type_and_bad_sizes_are_rejected():
-    with pytest.raises(NotImplementedError, match="Q5_K"):
-        dequantize(np.zeros(176, np.uint8), Q.Q5_K, (256,))
+    with pytest.raises(NotImplementedError, match="Q3_K"):
+        dequantize(np.zeros(110, np.uint8), Q.Q3_K, (256,))
     with pytest.raises(ValueError):
         dequantize(np.zeros(34, np.uint8), Q.Q8_0, (64,))
-    assert set(SUPPORTED_TYPES) == {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K}
+    assert set(SUPPORTED_TYPES) == {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K,
+                                   Q.Q6_K}

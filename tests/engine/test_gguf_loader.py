@@ -116,18 +116,25 @@ def _random_k_quant(rows: int, cols: int, qtype: Q, rng) -> np.ndarray:
     """Random but valid K-quant blocks (gguf has no K-quant quantizer in Python)."""
     type_size = GGML_QUANT_SIZES[qtype][1]
     raw = rng.integers(0, 256, size=(rows * cols // 256, type_size), dtype=np.uint8)
-    for offset in {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}[qtype]:
+    for offset in {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}[qtype]:
         raw[:, offset:offset + 2] = rng.uniform(0, 0.01, raw.shape[0]).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return raw.reshape(rows, -1)
 
 
-def test_every_tensor_type_loads_as_gguf_dequantizes_it(tmp_path):
+# Two plans: (types of attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up; of ffn_down in layers 0 and 1)
+TYPE_PLANS = {"q4-q8-k": ((Q.Q8_0, Q.Q4_0, Q.F16, Q.BF16, Q.Q4_1, Q.F32), (Q.Q4_K, Q.Q6_K)),
+              "q5": ((Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.F16, Q.Q5_1, Q.Q5_0), (Q.Q5_K, Q.Q5_K))}
+
+
+@pytest.mark.parametrize("types,down_types", TYPE_PLANS.values(), ids=TYPE_PLANS)
+def test_every_tensor_type_loads_as_gguf_dequantizes_it(types, down_types, tmp_path):
     rng = np.random.default_rng(0)
     h, f, v = TINY["hidden"], 256, TINY["vocab"]  # ffn_down's rows are 256 wide, as K-quants need
     q_rows, kv_rows = h, TINY["kv_heads"] * h // TINY["heads"]
     # gguf's Python quantizer covers these; the K-quants get random valid blocks.
-    plan = {"attn_q": (q_rows, h, Q.Q8_0), "attn_k": (kv_rows, h, Q.Q4_0), "attn_v": (kv_rows, h, Q.F16),
-            "attn_output": (h, h, Q.BF16), "ffn_gate": (f, h, Q.Q4_1), "ffn_up": (f, h, Q.F32)}
+    shapes = {"attn_q": (q_rows, h), "attn_k": (kv_rows, h), "attn_v": (kv_rows, h), "attn_output": (h, h),
+              "ffn_gate": (f, h), "ffn_up": (f, h)}
+    plan = {name: (*shape, qtype) for (name, shape), qtype in zip(shapes.items(), types)}
     tensors = {"token_embd.weight": (gguf_quantize(rng.normal(size=(v, h)).astype(np.float32), Q.Q8_0), Q.Q8_0),
                "output_norm.weight": (rng.normal(size=h), Q.F32),
                "output.weight": (gguf_quantize(rng.normal(size=(v, h)).astype(np.float32), Q.Q8_0), Q.Q8_0)}
@@ -136,7 +143,7 @@ def test_every_tensor_type_loads_as_gguf_dequantizes_it(tmp_path):
             values = rng.normal(size=(rows, cols)).astype(np.float32)
             data = values if qtype in (Q.F32, Q.F16) else gguf_quantize(values, qtype)
             tensors[f"blk.{layer}.{name}.weight"] = (data, qtype)
-        down_type = Q.Q4_K if layer == 0 else Q.Q6_K
+        down_type = down_types[layer]
         tensors[f"blk.{layer}.ffn_down.weight"] = (_random_k_quant(h, f, down_type, rng), down_type)
         tensors[f"blk.{layer}.attn_norm.weight"] = (rng.normal(size=h), Q.F32)
         tensors[f"blk.{layer}.ffn_norm.weight"] = (rng.normal(size=h), Q.F32)
