@@ -38,8 +38,10 @@ import asyncio
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -67,7 +69,7 @@ def _auth(tenant_id: int):
 
 def _overshoot_worker(prefix: str, tenant_id: int, count: int, barrier, results) -> None:
     _setup(prefix)
-    from billing.services.admission import aadmission_reserve
+    from billing.services.admission_reserve import aadmission_reserve
     from common.errors import ApiError
 
     auth = _auth(tenant_id)
@@ -107,9 +109,9 @@ def cost(*, tenant_id: int, calls: int, rounds: int, backend_name: str) -> dict:
     """p50/p99 microseconds of reserve + settle per request, limits on and off, interleaved."""
     from django.conf import settings
 
-    from billing.admission import reset_admission_backend
-    from billing.admission.memory import MemoryAdmission
-    from billing.services.admission import aadmission_reserve
+    from billing.counters import reset_admission_backend
+    from billing.counters.memory import MemoryAdmission
+    from billing.services.admission_reserve import aadmission_reserve
 
     reset_admission_backend(MemoryAdmission() if backend_name == "memory" else None)
     auth = _auth(tenant_id)
@@ -148,8 +150,9 @@ def cost(*, tenant_id: int, calls: int, rounds: int, backend_name: str) -> dict:
     }
 
 
-def _records(auth, request_ids: list[str]) -> list[dict]:
-    """The spool rows of finished requests' endings, as the worker's finisher makes them (priced)."""
+def _records(auth, request_ids: list[str]) -> list:
+    """Finished requests' endings (`Ending`s, the spool's items), as the worker's ending thread makes them
+    (priced)."""
     from inference.queue import Job
     from inference.worker.finish import job_ending
 
@@ -158,28 +161,24 @@ def _records(auth, request_ids: list[str]) -> list[dict]:
         job = Job(request_id=request_id, tenant_id=auth.tenant.pk, api_key_id=None, tier=auth.tier.name, priority=0,
                   model=MODEL, prompt_token_ids=[1] * 100, sampling={"max_tokens": 50}, reply_channel="bench")
         records.append(job_ending(job=job, worker_id="bench", finish_reason="stop", prompt_tokens=100,
-                                  completion_tokens=20)[0].to_json())
+                                  completion_tokens=20)[0])
     return records
 
 
-class _Sink:
+def _sink(way: str):
     """The worker's spool sink (inference.worker.finish.EndingsSink) with its settlement "off" (settled after,
     untimed), "on" (as deployed: sent before the insert, read after) or "sequential" (insert, then settle)."""
+    from inference.worker.finish import EndingsSink
 
-    def __init__(self, way: str) -> None:
-        from inference.worker.finish import EndingsSink
+    class _Sink(EndingsSink):
+        def settle_start(self, endings: list):
+            if way == "off":
+                return lambda: True
+            if way == "sequential":  # started when the spool waits for it: after the insert
+                return lambda: super(_Sink, self).settle_start(endings)()
+            return super().settle_start(endings)
 
-        self.way, self.sink = way, EndingsSink()
-
-    def write(self, rows: list[dict]) -> None:
-        self.sink.write(rows)
-
-    def settle_start(self, rows: list[dict]):
-        if self.way == "off":
-            return lambda: True
-        if self.way == "sequential":  # started when the spool waits for it: after the insert
-            return lambda: self.sink.settle_start(rows)()
-        return self.sink.settle_start(rows)
+    return _Sink()
 
 
 def _settle_all(auth, request_ids: list[str]) -> None:
@@ -195,12 +194,9 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
     settling "off" (the records' reservations settled after, untimed), "on" (as deployed: the settlement sent
     before the insert, read after), and "sequential" (insert, then settle: the order before). Off, on and
     sequential share one spool, so its SQLite commits weigh the same in each."""
-    import shutil
-    import tempfile
-
-    from billing.admission import get_admission_backend, reset_admission_backend
-    from billing.admission.memory import MemoryAdmission
-    from billing.services.admission import aadmission_reserve
+    from billing.counters import get_admission_backend, reset_admission_backend
+    from billing.counters.memory import MemoryAdmission
+    from billing.services.admission_reserve import aadmission_reserve
     from inference.worker.finish import EndingsSink
     from inference.worker.spool import Spool
 
@@ -210,7 +206,8 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
     cases = [(name, size) for name in backends for size in (batch, 1)]
     ways = ("insert", "off", "on", "sequential")
     folder = Path(tempfile.mkdtemp(prefix="bench-spool-"))
-    spool = Spool(folder, _Sink("off"))
+    sinks = {way: _sink(way) for way in ("off", "on", "sequential")}
+    spool = Spool(folder, sinks["off"])
     wall: dict = {(case, way): [] for case in cases for way in ways}
     cpu: dict = {(case, way): [] for case in cases for way in ways}  # this thread's CPU: no waits for the servers
 
@@ -218,11 +215,11 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
         for request_id in request_ids:
             await aadmission_reserve(auth=auth, request_id=request_id, model=MODEL, prompt_tokens=100, max_tokens=50)
 
-    def end(way: str, records: list[dict]) -> None:
+    def end(way: str, records: list) -> None:
         if way == "insert":
             EndingsSink().write(records)  # raises if the records were not written
             return
-        spool.sink = _Sink(way)
+        spool.sink = sinks[way]
         spool.add(records)
         assert spool.process(records) == (True, True), "not written or not settled"
 
@@ -247,14 +244,24 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
     loop.close()
     spool.close()
     shutil.rmtree(folder, ignore_errors=True)
-    # The floor: the CPU of one bare round trip through the same Redis client (a PING: its send and its
-    # receive), which any settlement in Redis from this process pays, however it is overlapped.
+    ping_cpu = _ping_cpu(backends["redis"])
+    reset_admission_backend()
+    return _settle_rows(cases, ways, wall, cpu, ping_cpu)
+
+
+def _ping_cpu(backend) -> list[float]:
+    """The floor: the CPU of one bare round trip through the same Redis client (a PING: its send and its
+    receive), which any settlement in Redis from this process pays, however it is overlapped."""
     ping_cpu = []
     for _ in range(500):
         started_cpu = time.thread_time()
-        backends["redis"].redis.ping()
+        backend.redis.ping()
         ping_cpu.append(time.thread_time() - started_cpu)
-    reset_admission_backend()
+    return ping_cpu
+
+
+def _settle_rows(cases: list, ways: tuple, wall: dict, cpu: dict, ping_cpu: list[float]) -> list[dict]:
+    """`settle_cost`'s figures per case, from its samples (seconds per step, by (case, way))."""
     rows = []
     for case in cases:
         insert, off = wall[(case, "insert")], wall[(case, "off")]
@@ -273,7 +280,7 @@ def settle_cost(*, tenant_id: int, steps: int, batch: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--requests", type=int, default=50)
@@ -283,7 +290,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="records of a pipelined step (settle measurement)")
     parser.add_argument("--part", choices=("all", "overshoot", "cost", "settle"), default="all")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
 
     prefix = f"bench-admission:{uuid.uuid4().hex[:8]}"
     _setup(prefix)
@@ -292,9 +303,8 @@ def main() -> None:
     from django.conf import settings
     from django.db import connection
 
-    from billing.admission import get_admission_backend
+    from billing.counters.units import cost_femtos_to_nanos
     from billing.models import Price
-    from billing.services.admission_ledger import femtos_to_nanos
     from tenants.models import Tenant, Tier
 
     if not settings.REDIS_URL:
@@ -304,7 +314,7 @@ def main() -> None:
                                max_concurrent_requests=0, monthly_token_quota=0, allowed_models=["*"])
     price = Price.objects.create(model=MODEL, input_per_million="1", cached_input_per_million="0.5",
                                  output_per_million="2", effective_from=datetime(2000, 1, 1, tzinfo=timezone.utc))
-    worst_nanos = femtos_to_nanos((100 * 1 + 100 * 2) * 10**6 * 1000)  # 100 prompt at $1/M + 100 output at $2/M
+    worst_nanos = cost_femtos_to_nanos((100 * 1 + 100 * 2) * 10**6 * 1000)  # 100 prompt at $1/M + 100 output at $2/M
     made = []
 
     def tenant(**fields) -> int:
@@ -317,16 +327,7 @@ def main() -> None:
     result: dict = {}
     try:
         if args.part in ("all", "overshoot"):
-            result["rpm_10_admitted"] = overshoot(prefix=prefix, tenant_id=tenant(requests_per_minute=10),
-                                                  processes=args.processes, requests=args.requests)
-            budget_tenant = tenant(monthly_spend_limit_micros=worst_nanos * 10 // 1000)
-            result["budget_10_admitted"] = overshoot(prefix=prefix, tenant_id=budget_tenant,
-                                                     processes=args.processes, requests=args.requests)
-            backend = get_admission_backend()
-            spent = [int(v) for k, v in ((k, backend.redis.get(k)) for k in backend.redis.scan_iter(
-                match=f"{backend.prefix}:q:t{budget_tenant}:*:spend")) if v is not None]
-            result["budget_spent_nanos"], result["budget_limit_nanos"] = sum(spent), worst_nanos * 10
-            result["processes"], result["requests"] = args.processes, args.requests
+            result.update(_overshoot_part(prefix=prefix, tenant=tenant, args=args, worst_nanos=worst_nanos))
         if args.part in ("all", "cost"):
             result["cost"] = [cost(tenant_id=tenant(**everything), calls=args.calls, rounds=args.rounds,
                                    backend_name=name) for name in ("memory", "redis")]
@@ -334,19 +335,46 @@ def main() -> None:
             result["settle"] = settle_cost(tenant_id=tenant(**everything), steps=args.steps, batch=args.batch)
             result["database"] = connection.vendor
     finally:
-        from billing.admission import reset_admission_backend
-
-        reset_admission_backend()
-        get_admission_backend().flush()
-        from billing.models import UsageRecord
-
-        UsageRecord.objects.filter(tenant__in=made).delete()
-        Tenant.objects.filter(pk__in=[t.pk for t in made]).delete()
-        price.delete()
-        tier.delete()
+        _cleanup(made=made, price=price, tier=tier)
     if args.json:
         print(json.dumps(result, indent=2))
         return
+    _print(result, args)
+
+
+def _overshoot_part(*, prefix: str, tenant, args: argparse.Namespace, worst_nanos: int) -> dict:
+    """Part 1: `--requests` concurrent admissions at 10 requests per minute, then against a budget of 10
+    worst cases (`tenant(**limits)` makes a tenant); what was admitted and what the budget's counter holds."""
+    from billing.counters import get_admission_backend
+
+    result = {"rpm_10_admitted": overshoot(prefix=prefix, tenant_id=tenant(requests_per_minute=10),
+                                           processes=args.processes, requests=args.requests)}
+    budget_tenant = tenant(monthly_spend_limit_micros=worst_nanos * 10 // 1000)
+    result["budget_10_admitted"] = overshoot(prefix=prefix, tenant_id=budget_tenant, processes=args.processes,
+                                             requests=args.requests)
+    backend = get_admission_backend()
+    spent = [int(v) for k, v in ((k, backend.redis.get(k)) for k in backend.redis.scan_iter(
+        match=f"{backend.prefix}:q:t{budget_tenant}:*:spend")) if v is not None]
+    result["budget_spent_nanos"], result["budget_limit_nanos"] = sum(spent), worst_nanos * 10
+    result["processes"], result["requests"] = args.processes, args.requests
+    return result
+
+
+def _cleanup(*, made: list, price, tier) -> None:
+    """Delete what the run made: its tenants (their usage records first), its price, its tier; its counters."""
+    from billing.counters import get_admission_backend, reset_admission_backend
+    from billing.models import UsageRecord
+    from tenants.models import Tenant
+
+    reset_admission_backend()
+    get_admission_backend().flush()
+    UsageRecord.objects.filter(tenant__in=made).delete()
+    Tenant.objects.filter(pk__in=[t.pk for t in made]).delete()
+    price.delete()
+    tier.delete()
+
+
+def _print(result: dict, args: argparse.Namespace) -> None:
     if "rpm_10_admitted" in result:
         print(f"{args.requests} concurrent requests from {args.processes} processes:")
         print(f"  10 requests per minute: {result['rpm_10_admitted']} admitted")

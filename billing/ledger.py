@@ -3,7 +3,7 @@ cached tokens, the sums every figure is made of, how far the rollups reach, and 
 
 Everything that reads the ledger goes through here: the rollups (billing.services.rollups), the usage and
 costs APIs (billing.usage_buckets), invoices (billing.services.invoice_lines), the admission counters'
-rebuild (billing.services.admission_ledger), and the dashboard and console (billing.selectors). The period
+rebuild (billing.services.counter_rebuild), and the dashboard and console (billing.selectors). The period
 helpers (months, local days and midnights, UTC hour and day floors) are billing.periods'.
 
 - Charged: an error before the first token costs nothing and uses no quota; anything that generated tokens
@@ -25,11 +25,13 @@ from datetime import datetime
 from django.db.models import BigIntegerField, Count, F, Q, Sum
 from django.db.models.functions import Cast
 
-from billing.admission.base import QUOTA, SPEND
+from billing.counters.base import QUOTA, SPEND
+from billing.counters.units import FEMTO_DIGITS_PER_NANO
 from billing.models import FillState, UsageRecord
 from billing.models.femtos import FemtoSum
 from billing.money import cached_clamp
 from billing.services.costs import is_charged
+from tenants.services.limits import LimitScope
 
 __all__ = ["BILLED", "CHARGED", "FIGURES", "MONEY", "ROLLUP", "SUMS", "UNCACHED_INPUT", "cached_clamp",
            "figure_sum", "is_charged", "ledger_totals", "rolled_up_until"]
@@ -53,13 +55,13 @@ SUMS = {
 FIGURES = tuple(SUMS)  # also the rollups' columns
 MONEY = frozenset(name for name, total in SUMS.items() if isinstance(total, FemtoSum))
 
-# What admission counts (billing.services.admission_ledger): tokens of charged records (64-bit before the
+# What admission counts (billing.services.counter_rebuild): tokens of charged records (64-bit before the
 # addition: two 32-bit counts of one record can pass 2**31 together), each record's cost rounded up to a
-# nano-dollar and summed exactly.
+# nano-dollar (as billing.counters.units.cost_femtos_to_nanos rounds it) and summed exactly.
 _COUNTED = {
     QUOTA: Sum(Cast("prompt_tokens", BigIntegerField()) + F("completion_tokens"), output_field=BigIntegerField(),
                filter=CHARGED),
-    SPEND: FemtoSum("cost_femtos", ceil_digits=6),
+    SPEND: FemtoSum("cost_femtos", ceil_digits=FEMTO_DIGITS_PER_NANO),
 }
 
 
@@ -73,18 +75,20 @@ def rolled_up_until() -> datetime | None:
     return FillState.objects.filter(name=ROLLUP).values_list("end", flat=True).first()
 
 
-def ledger_totals(*, scope: str, kinds: tuple[str, ...] = (QUOTA, SPEND), start: datetime,
+def ledger_totals(*, scope: LimitScope, kinds: tuple[str, ...] = (QUOTA, SPEND), start: datetime,
                   end: datetime) -> dict[str, int]:
-    """The period's settled usage of one scope ("t<tenant id>" or "k<key id>") from the usage records, per
-    kind (QUOTA: tokens, SPEND: nano-dollars), one query."""
+    """The period's settled usage of one scope (a tenant, or a key and the keys it made) from the usage
+    records, per kind (QUOTA: tokens, SPEND: nano-dollars), one query."""
+    if not isinstance(scope, LimitScope):
+        raise TypeError(f"a LimitScope, not {scope!r}")
     unknown = [kind for kind in kinds if kind not in _COUNTED]
     if unknown:
         raise ValueError(unknown[0])
     records = UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
-    if scope.startswith("t"):
-        records = records.filter(tenant_id=int(scope[1:]))
+    if scope.is_tenant:
+        records = records.filter(tenant_id=scope.id)
     else:
-        records = records.filter(api_key_id__in=_key_family(int(scope[1:])))
+        records = records.filter(api_key_id__in=_key_family(scope.id))
     totals = records.aggregate(**{kind: _COUNTED[kind] for kind in kinds})
     return {kind: int(totals[kind] or 0) for kind in kinds}
 

@@ -30,10 +30,10 @@ Where each amount lives, and its ceiling:
   decimal text.
 - Admission's budget counters (Redis, or the in-process backend's Python
   ints) count **nano-dollars** (each record's cost rounded up, billing.
-  services.admission_ledger); budgets are set in micro-dollars (64-bit:
+  counters.units: the one conversion of each); budgets are set in micro-dollars (64-bit:
   9.2e12 USD). A Redis counter is a 64-bit integer (INCRBY: 9.2e18
   nano-dollars, 9.2e9 USD per tenant or key and month), changed by amounts
-  its Lua scripts handle as doubles (billing.admission.redis_scripts): each
+  its Lua scripts handle as doubles (billing.counters.redis_scripts): each
   amount (a request's reservation, a settlement's correction) is exact below
   2**53 nano-dollars (9.0e6 USD), and a counter past that is compared with its
   limit to within a few nano-dollars. A budget check is all they serve; the

@@ -16,7 +16,7 @@ the usage pages and the rebuilt quota and budget counters all read
 on the month the request is admitted in; a request still running when that
 month ends (admitted at 23:59:59.9, finished after midnight) gives that
 reservation back whole when it settles and is counted in the next month's
-counters instead (billing.admission.base, `Actual.at`), so each month's
+counters instead (billing.counters.base, `Actual.at`), so each month's
 counter equals the month its invoice bills. (A request lives at most
 ADMISSION_HOLD_S, so it crosses one boundary at most.) Its price is still the
 one in force when it was admitted (`admitted_at`).

@@ -26,7 +26,7 @@ def close_invoices() -> dict:
 @shared_task(name="billing.tasks.release_stale_reservations", ignore_result=True)
 def release_stale_reservations() -> int:
     """Settle or release admission reservations older than the longest request (a lost settlement)."""
-    from billing.services.admission import reservations_release_stale
+    from billing.services.admission_settle import reservations_release_stale
 
     return reservations_release_stale()
 
@@ -35,6 +35,6 @@ def release_stale_reservations() -> int:
              max_retries=5)
 def send_budget_alert(*, scope: str, period: str, percent: int, used: int, limit: int) -> int:
     """E-mail the owners that `percent` of a monthly budget is used (marked once per threshold and period)."""
-    from billing.services.admission_ledger import budget_alert_send
+    from billing.services.budget_alerts import budget_alert_send
 
     return budget_alert_send(scope=scope, period=period, percent=percent, used_nanos=used, limit_nanos=limit)

@@ -18,6 +18,7 @@ from collections import defaultdict
 
 from django.conf import settings
 
+from common.figures_redis import figures_forget, figures_redis
 from common.outage import Outage
 
 logger = logging.getLogger(__name__)
@@ -29,17 +30,7 @@ REFUSALS = "refusals"  # label: the admission limit that refused (requests, toke
 
 _lock = threading.Lock()
 _memory: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-_client = None
 _outage = Outage(logger, "live counts (Redis)")
-
-
-def _redis():
-    global _client
-    if _client is None:
-        import redis
-
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
-    return _client
 
 
 def _key(kind: str, bucket: int) -> str:
@@ -56,7 +47,7 @@ def count_event(kind: str, label: str, *, now: float | None = None) -> None:
                 del _memory[stale]
         return
     try:
-        pipe = _redis().pipeline(transaction=False)
+        pipe = figures_redis().pipeline(transaction=False)
         pipe.hincrby(_key(kind, bucket), label, 1)
         pipe.expire(_key(kind, bucket), KEEP_S + BUCKET_S)
         pipe.execute()
@@ -78,7 +69,7 @@ def event_counts(kind: str, *, window_s: int = KEEP_S, now: float | None = None)
                     totals[label] += count
         return dict(totals)
     try:
-        pipe = _redis().pipeline(transaction=False)
+        pipe = figures_redis().pipeline(transaction=False)
         for bucket in buckets:
             pipe.hgetall(_key(kind, bucket))
         for counts in pipe.execute():
@@ -102,7 +93,7 @@ def event_buckets(kind: str, *, window_s: int = KEEP_S, now: float | None = None
                     out[bucket * BUCKET_S] = dict(_memory[(kind, bucket)])
         return out
     try:
-        pipe = _redis().pipeline(transaction=False)
+        pipe = figures_redis().pipeline(transaction=False)
         for bucket in buckets:
             pipe.hgetall(_key(kind, bucket))
         for bucket, counts in zip(buckets, pipe.execute()):
@@ -117,7 +108,4 @@ def live_counts_clear() -> None:
     """Tests: forget the counts (in this process, or under this prefix in Redis)."""
     with _lock:
         _memory.clear()
-    if settings.REDIS_URL:
-        client = _redis()
-        for key in client.scan_iter(match=f"{settings.QUEUE_KEY_PREFIX}:live:*", count=1000):
-            client.delete(key)
+    figures_forget("live")

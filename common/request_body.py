@@ -135,7 +135,7 @@ def body_limit(app, *, max_bytes=None, applies=None, refused_by_app=frozenset())
         if declared is not None:
             if declared <= most:
                 return await app(scope, receive, send)  # uvicorn delivers no more than Content-Length
-            return await _refuse(scope, send, most)
+            return await _refuse(app, refused_by_app, scope, send, most)
         # no Content-Length (chunked): read up to the limit here, then hand the app what was read
         messages, size = [], 0
         while True:
@@ -144,22 +144,25 @@ def body_limit(app, *, max_bytes=None, applies=None, refused_by_app=frozenset())
                 return await app(scope, _replay([message], receive), send)  # the client left: the app sees it
             size += len(message.get("body", b""))
             if size > most:
-                return await _refuse(scope, send, most)
+                return await _refuse(app, refused_by_app, scope, send, most)
             messages.append(message)
             if not message.get("more_body", False):
                 return await app(scope, _replay(messages, receive), send)
 
-    async def _refuse(scope, send, most: int):
-        logger.info("request body of %s %s over %d bytes: 413", scope.get("method"), scope.get("path"), most)
-        if scope.get("path") in refused_by_app:
-            return await app({**scope, REFUSED_SCOPE_KEY: most}, _empty_body(), _closing(send))
-        body = _too_large_body(most)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
     return guarded
+
+
+async def _refuse(app, refused_by_app, scope, send, most: int):
+    """Refuse a body over `most` bytes: a 413 closing the connection, or for a path in `refused_by_app`, the
+    app with an empty body and scope[REFUSED_SCOPE_KEY] set (it answers the 413 itself)."""
+    logger.info("request body of %s %s over %d bytes: 413", scope.get("method"), scope.get("path"), most)
+    if scope.get("path") in refused_by_app:
+        return await app({**scope, REFUSED_SCOPE_KEY: most}, _empty_body(), _closing(send))
+    body = _too_large_body(most)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _replay(messages: list, receive):

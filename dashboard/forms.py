@@ -65,7 +65,7 @@ class ApiKeyCreateForm(forms.Form):
     LIMIT_NAMES = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "monthly_token_quota")
 
     def limit_values(self) -> dict[str, int]:
-        """The key's own limits that were given (billing.admission applies them on top of the tenant's)."""
+        """The key's own limits that were given (billing admission applies them on top of the tenant's)."""
         values = {name: self.cleaned_data[name] for name in self.LIMIT_NAMES if self.cleaned_data.get(name)}
         budget = self.cleaned_data.get("monthly_budget_usd")
         if budget:

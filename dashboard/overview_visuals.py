@@ -16,6 +16,7 @@ from billing.selectors import alert_percents, usd_str
 from dashboard.charts import overview_chart
 from dashboard.selectors.overview import Overview
 from tenants.models import Tenant
+from tenants.services.limits import LimitScope
 
 
 def overview_chart_spec(overview: Overview) -> dict:
@@ -65,5 +66,5 @@ def allowance_bars(*, overview: Overview, tenant: Tenant) -> list[Bar]:
         bars.append(_bar(id="bar-budget", label="Monthly budget", used=overview.budget_used_usd,
                          limit=overview.budget_limit_usd, used_text=f"${overview.budget_used_usd:,.6f}",
                          limit_text=f"${overview.budget_limit_usd:,.2f}",
-                         thresholds=alert_percents(f"t{tenant.pk}")))
+                         thresholds=alert_percents(LimitScope.tenant(tenant.pk))))
     return bars

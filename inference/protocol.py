@@ -19,14 +19,14 @@ Both sides import this module and nothing of each other; the event type
 strings live here only (a test checks that). On the channel layer a batch
 travels as `Batch.encode()`, a dict of plain values (channels_redis packs it
 with msgpack); `Batch.decode` reads it back. A reader in the worker's own
-process (the embedded worker) registers with `local_receiver_register` and is
-handed the `Batch` itself: nothing is encoded for it.
+process (a `LocalReceiver`: the embedded worker's web process) is handed the
+`Batch` itself, nothing encoded, by the sink it was given to
+(inference.worker.events.LocalReceivers).
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -181,20 +181,3 @@ class LocalReceiver(Protocol):
     loop: Any  # the asyncio event loop `deliver` must be called on
 
     def deliver(self, batch: Batch) -> None: ...
-
-
-# reply channel name -> its reader in this process; weak, so a closed reader drops out by itself
-_local_receivers: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
-
-
-def local_receiver_register(name: str, receiver: LocalReceiver) -> None:
-    """Hand `name`'s batches to `receiver` directly when they are sent on its event loop."""
-    _local_receivers[name] = receiver
-
-
-def local_receiver_get(name: str) -> LocalReceiver | None:
-    return _local_receivers.get(name)
-
-
-def local_receivers_any() -> bool:
-    return bool(_local_receivers)

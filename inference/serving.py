@@ -7,7 +7,8 @@
   events, and in /readyz; their events come through the channel layer.
 - `EmbeddedWorkers` (inference.worker.embedded; the default without REDIS_URL): the engine loop in a
   thread of this process, started by the first request, which hands its events to this process's reply
-  channels directly (inference.protocol, in-process delivery).
+  channels directly: the pool gives its engine's event sink the reply channels this process opens
+  (`reply_channel_opened`; inference.worker.events.LocalReceivers).
 
 The API, its job events and /readyz (`readiness` below) ask the pool for what they need (start serving
 a model, whether heartbeats say which models are served, where a reply channel's in-process events go);

@@ -256,7 +256,7 @@ EMAIL_BACKEND = ENV.get("EMAIL_BACKEND", "django.core.mail.backends.console.Emai
 EMAIL_HOST = ENV.get("EMAIL_HOST", "localhost")
 EMAIL_PORT = int(ENV.get("EMAIL_PORT", "25"))
 DEFAULT_FROM_EMAIL = ENV.get("DEFAULT_FROM_EMAIL", "billing@localhost")
-# Admission (billing.admission): rate limits, concurrency, quotas and budgets are checked
+# Admission (billing.counters): rate limits, concurrency, quotas and budgets are checked
 # before a request is queued (off: nothing is checked, for A/B measurements only). Counters
 # live under ADMISSION_KEY_PREFIX in Redis when REDIS_URL is set (unreachable Redis: 503
 # limits_unavailable), else in this process. ADMISSION_HOLD_S is the longest a request can
@@ -266,7 +266,7 @@ ADMISSION_KEY_PREFIX = ENV.get("ADMISSION_KEY_PREFIX", "lim")
 ADMISSION_HOLD_S = float(ENV.get("ADMISSION_HOLD_S", "900"))
 # Between admission and the queue a request's reservation (its concurrency slot above all) is held on a lease
 # of this many seconds, renewed by its web process until the job is queued: a web process killed in between
-# leaves nothing held for longer than this (billing.admission.base).
+# leaves nothing held for longer than this (billing.counters.base).
 ADMISSION_LEASE_S = float(ENV.get("ADMISSION_LEASE_S", "5"))
 # Budget alerts e-mail the tenant's owners at these percentages of the monthly budget.
 BUDGET_ALERT_PERCENTS = [int(p) for p in ENV.get("BUDGET_ALERT_PERCENTS", "50,80,100").split(",") if p.strip()]

@@ -169,7 +169,7 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True, db_index=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
-    # A key's own ceilings, on top of its tenant's (empty: none; billing.admission).
+    # A key's own ceilings, on top of its tenant's (empty: none; billing.counters).
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: only the tenant's limit")
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: only the tenant's limit")
     max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: only the tenant's limit")

@@ -133,6 +133,9 @@ def _api_key_cache_empty():
     cache = sys.modules.get("tenants.services.api_key_cache")
     if cache is not None:
         cache.api_key_cache_clear()
+    alerts = sys.modules.get("billing.selectors.alerts")  # the same for the budget alert thresholds: a
+    if alerts is not None:  # rolled-back test's tenant id is the next test's, with other thresholds
+        alerts.alert_percents_forget()
     yield
 
 
@@ -180,7 +183,7 @@ def _worker_spool_closed():
 
 @pytest.fixture(autouse=True)
 def _admission_counters_fresh(request):
-    """Each test counts its limits afresh (billing.admission): its own key prefix, emptied after.
+    """Each test counts its limits afresh (billing.counters): its own key prefix, emptied after.
 
     Without pytest-django there are no counters to reset (see _django_settings)."""
     settings = _django_settings(request)
@@ -189,15 +192,15 @@ def _admission_counters_fresh(request):
         return
     import uuid
 
-    from billing import admission
+    from billing import counters
 
     settings.ADMISSION_KEY_PREFIX = f"lim-test:{uuid.uuid4().hex}"
-    admission.reset_admission_backend()
+    counters.reset_admission_backend()
     yield
-    backend = admission._backend
+    backend = counters._backend
     if backend is not None:
         try:
             backend.flush()
         except Exception:  # noqa: BLE001 - a test that stopped Redis on purpose
             pass
-    admission.reset_admission_backend()
+    counters.reset_admission_backend()

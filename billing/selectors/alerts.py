@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from common.cache import TtlCache
+from tenants.services.limits import LimitScope
 
 ALERT_PERCENTS_TTL_S = 60  # a tenant's new alert thresholds reach every worker within a minute
 
-_alert_percents: TtlCache[str, tuple[int, ...]] = TtlCache("budget alert thresholds per counter scope",
+_alert_percents: TtlCache[LimitScope, tuple[int, ...]] = TtlCache("budget alert thresholds per counter scope",
                                                            ttl=ALERT_PERCENTS_TTL_S, max_entries=100_000)
 
 
-def alert_percents(scope: str) -> tuple[int, ...]:
-    """The budget alert thresholds of a counter's scope ("t<id>", or "k<id>": its tenant's): the tenant's own
+def alert_percents(scope: LimitScope) -> tuple[int, ...]:
+    """The budget alert thresholds of a counter's scope (a tenant, or a key: its tenant's): the tenant's own
     (set by its owners on the dashboard), else the platform's BUDGET_ALERT_PERCENTS. Kept ALERT_PERCENTS_TTL_S."""
 
     def load() -> tuple[int, ...]:
@@ -19,12 +20,14 @@ def alert_percents(scope: str) -> tuple[int, ...]:
 
         from tenants.models import ApiKey, Tenant
 
-        if scope.startswith("k"):
-            own = ApiKey.objects.filter(pk=int(scope[1:])).values_list("tenant__budget_alert_percents", flat=True).first()
+        if scope.is_key:
+            own = ApiKey.objects.filter(pk=scope.id).values_list("tenant__budget_alert_percents", flat=True).first()
         else:
-            own = Tenant.objects.filter(pk=int(scope[1:])).values_list("budget_alert_percents", flat=True).first()
+            own = Tenant.objects.filter(pk=scope.id).values_list("budget_alert_percents", flat=True).first()
         return tuple(sorted(own or settings.BUDGET_ALERT_PERCENTS))
 
+    if not isinstance(scope, LimitScope):
+        raise TypeError(f"a LimitScope, not {scope!r}")
     return _alert_percents.get_or_load(scope, load)
 
 

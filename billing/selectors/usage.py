@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from datetime import date, timedelta
 
-from billing.admission.base import QUOTA, SPEND
+from billing.counters.base import QUOTA, SPEND
 from billing.ledger import FIGURES, ledger_totals
 from billing.models import DailyUsage, UsageRecord
 from billing.periods import HOUR, Days, Period, hour_floor
 from billing.services.latency_rollups import latency_of_days, stored_latency
 from billing.usage_buckets import Query, usage_sums
 from tenants.models import Tenant
+from tenants.services.limits import LimitScope
 
 
 def _empty() -> dict[str, int]:
@@ -95,5 +96,5 @@ def tenant_models(*, tenant: Tenant) -> list[str]:
 
 def admission_used(*, tenant: Tenant, period: Period) -> tuple[int, int]:
     """(tokens, nano-USD) of the tenant's period as admission counts them (billing.ledger.ledger_totals)."""
-    used = ledger_totals(scope=f"t{tenant.pk}", start=period.start, end=period.end)
+    used = ledger_totals(scope=LimitScope.tenant(tenant.pk), start=period.start, end=period.end)
     return used[QUOTA], used[SPEND]

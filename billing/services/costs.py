@@ -7,7 +7,7 @@ the arithmetic). The worker calls it once, where the request ends
 the request's `Ending` to the usage record (frozen in its INSERT,
 `usage_records_insert`), the admission settlement and the client's
 `usage.cost`. The read-side fallbacks (a record given without its price:
-`usage_rows_cost`, `admission_ledger.record_actual`) call it too.
+`usage_rows_cost`, `admission_settle.record_actual`) call it too.
 """
 
 from __future__ import annotations

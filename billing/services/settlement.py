@@ -2,7 +2,7 @@
 that settles it: the usage record written, then the admission reservation settled.
 
     ending = ending_make(request_id=..., ...)   # where the request ends (the worker): priced once
-    row = ending.to_json(); Ending.from_json(row)  # through the worker's durable spool (plain JSON)
+    row = ending.to_json(); Ending.from_json(row)  # the worker's durable spool's copy on disk (plain JSON)
     written = endings_write(endings)            # the usage records, one INSERT, idempotent on request_id
     endings_settle_start(endings)()             # their reservations, each consumed once
 
@@ -92,7 +92,8 @@ class Ending:
 
 
 # The record's fields (all but `priced`), read once: `dataclasses.fields` per call cost more than the rest
-# of a conversion, and every ending is converted four times on its way (to the spool and back, twice)
+# of a conversion (an ending is made into its record's fields for the insert and for the settlement, and
+# into JSON once for the worker's spool; it comes back from JSON only when the spool retries it)
 _RECORD_FIELDS = tuple(f.name for f in fields(Ending) if f.name != "priced")
 _RECORD_NAMES = frozenset(_RECORD_FIELDS)
 
@@ -152,11 +153,11 @@ def endings_write(endings: list[Ending]) -> list[Ending]:
 
 
 def endings_settle_start(endings: list[Ending]) -> Callable[[], bool]:
-    """Start settling the admission reservations of `endings` (billing.services.admission: tokens refunded,
+    """Start settling the admission reservations of `endings` (billing.services.admission_settle: tokens refunded,
     slots freed, quota and budget counters corrected to each one's cost); the returned function waits for
     it: True when settled, False when the counters could not be reached (settling again is safe). Never
     raises."""
-    from billing.services.admission import admission_settle_start
+    from billing.services.admission_settle import admission_settle_start
 
     return admission_settle_start([ending.record_fields() for ending in endings])
 

@@ -133,32 +133,39 @@ def _refuse_unsupported(body: dict, checks: dict[str, Any]) -> None:
         raise invalid(f"The parameter '{name}' is not supported by this server (got {brief(value)}).", name, "unsupported_parameter")
 
 
-def _common(body: dict, endpoint: str) -> ApiRequest:
-    f = Fields(body)
+def _model(body: dict) -> str:
     model = body.get("model")
     if model is None:
         raise invalid("You must provide a model parameter.", "model", "missing_required_parameter")
     text_check(model, "model", allow_empty=False)
     if len(model) > 200:
         raise invalid("Invalid 'model': string too long.", "model")
+    return model
 
+
+def _max_tokens(f: Fields, endpoint: str) -> tuple[int | None, str]:
+    """(max_tokens, the name the client sent it under); a chat's max_completion_tokens wins over max_tokens."""
     max_tokens = f.integer("max_tokens", lo=1)
-    max_tokens_param = "max_tokens"
     if endpoint == CHAT:
         completion_cap = f.integer("max_completion_tokens", lo=1)
         if completion_cap is not None:  # the newer name wins when both are sent
-            max_tokens, max_tokens_param = completion_cap, "max_completion_tokens"
+            return completion_cap, "max_completion_tokens"
+    return max_tokens, "max_tokens"
 
-    n = f.integer("n")
-    if n is not None and n != 1:
-        raise invalid(f"Invalid 'n': only n=1 is supported, got {num(n)}.", "n")
-    stream = bool(f.boolean("stream"))
-    include_usage, include_timing = _stream_options(body, stream)
 
-    service_tier = f.string("service_tier")
-    if service_tier is not None and service_tier not in SERVICE_TIERS:
-        raise invalid(f"Invalid 'service_tier': expected one of {', '.join(SERVICE_TIERS)}.", "service_tier")
+def _stop_token_ids(body: dict) -> list[int] | None:
+    stop_token_ids = body.get("stop_token_ids")
+    if stop_token_ids is None:
+        return None
+    if not isinstance(stop_token_ids, list) or len(stop_token_ids) > 64 or not all(
+        is_int(t) and 0 <= t < 2**31 for t in stop_token_ids
+    ):
+        raise invalid("Invalid 'stop_token_ids': expected at most 64 token ids.", "stop_token_ids")
+    return list(stop_token_ids)
 
+
+def _sampling(body: dict, f: Fields, max_tokens: int | None) -> dict[str, Any]:
+    """The SamplingParams kwargs the body sets (max_tokens aside), checked in the order the fields are read."""
     top_k = f.integer("top_k", lo=-1)
     sampling: dict[str, Any] = {
         "temperature": f.number("temperature", lo=0.0, hi=2.0),
@@ -173,25 +180,36 @@ def _common(body: dict, endpoint: str) -> ApiRequest:
         "stop": _stop(body),
         "ignore_eos": f.boolean("ignore_eos"),  # vLLM-style extensions (extra_body)
         "min_tokens": f.integer("min_tokens", lo=0),
+        "stop_token_ids": _stop_token_ids(body),
     }
-    stop_token_ids = body.get("stop_token_ids")
-    if stop_token_ids is not None:
-        if not isinstance(stop_token_ids, list) or len(stop_token_ids) > 64 or not all(
-            is_int(t) and 0 <= t < 2**31 for t in stop_token_ids
-        ):
-            raise invalid("Invalid 'stop_token_ids': expected at most 64 token ids.", "stop_token_ids")
-        sampling["stop_token_ids"] = list(stop_token_ids)
     sampling = {key: value for key, value in sampling.items() if value is not None}
     min_tokens = sampling.get("min_tokens")
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise invalid("Invalid 'min_tokens': must not exceed max_tokens.", "min_tokens")
+    return sampling
+
+
+def _common(body: dict, endpoint: str) -> ApiRequest:
+    f = Fields(body)
+    model = _model(body)
+    max_tokens, max_tokens_param = _max_tokens(f, endpoint)
+
+    n = f.integer("n")
+    if n is not None and n != 1:
+        raise invalid(f"Invalid 'n': only n=1 is supported, got {num(n)}.", "n")
+    stream = bool(f.boolean("stream"))
+    include_usage, include_timing = _stream_options(body, stream)
+
+    service_tier = f.string("service_tier")
+    if service_tier is not None and service_tier not in SERVICE_TIERS:
+        raise invalid(f"Invalid 'service_tier': expected one of {', '.join(SERVICE_TIERS)}.", "service_tier")
 
     return ApiRequest(
         endpoint=endpoint,
         model=model,
         max_tokens=max_tokens,
         max_tokens_param=max_tokens_param,
-        sampling=sampling,
+        sampling=_sampling(body, f, max_tokens),
         stream=stream,
         include_usage=include_usage,
         include_timing=include_timing,

@@ -49,7 +49,7 @@ class PreparedRequest:
     prompt_token_ids: list[int]
     sampling: dict  # SamplingParams.to_dict(), the Job's wire form
     max_tokens: int
-    admission: object = None  # billing.services.admission.Admission, once admitted (ajob_submit)
+    admission: object = None  # billing.services.admission_reserve.Admission, once admitted (ajob_submit)
 
 
 def request_id_new() -> str:
@@ -189,7 +189,7 @@ async def arequest_refused_count(*, auth, request_id: str, error: ApiError) -> N
     `x-ratelimit-*-requests` headers of the count."""
     if error.status_code not in BODY_REFUSAL_STATUSES:
         return
-    from billing.services.admission import aadmission_count_request
+    from billing.services.admission_reserve import aadmission_count_request
 
     headers = await aadmission_count_request(auth=auth, request_id=request_id)
     error.headers = {**headers, **error.headers}
@@ -275,8 +275,9 @@ async def _live_workers_recheck(model: str) -> None:
 async def ajob_submit(*, prepared: PreparedRequest):
     """Check capacity, admit (limits, quota, budget) and enqueue; returns the JobRun to read events
     from (use `async with`). A request that is admitted but not queued gives its reservation back; one
-    whose process dies between the two leaves nothing held past ADMISSION_LEASE_S (billing.admission)."""
-    from billing.services.admission import aadmission_reserve
+    whose process dies between the two leaves nothing held past ADMISSION_LEASE_S
+    (billing.services.admission_lease)."""
+    from billing.services.admission_reserve import aadmission_reserve
     from billing.services.price_cache import aprice_in_force_check
 
     try:
@@ -289,13 +290,13 @@ async def ajob_submit(*, prepared: PreparedRequest):
     except ApiError as exc:
         refusal_count(model=prepared.model.name, tier=prepared.auth.tier.name, code=exc.code)
         raise
-    from billing.services.admission import AdmissionLease, aadmission_confirm
+    from billing.services.admission_lease import AdmissionLease, aadmission_confirm
 
     try:
         async with AdmissionLease(prepared.admission):  # renewed while in this process's hands
             run = await _enqueue(prepared)
     except BaseException as exc:
-        from billing.services.admission import aadmission_release
+        from billing.services.admission_reserve import aadmission_release
 
         if isinstance(exc, ApiError):  # queue full
             refusal_count(model=prepared.model.name, tier=prepared.auth.tier.name, code=exc.code)

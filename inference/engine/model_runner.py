@@ -110,15 +110,9 @@ class ModelRunner:
         rows whose logits are computed, one per sampling sequence. ``prev_tokens``: the sampled token ids
         (on the device) of the step in flight, needed when a sequence's input is its pending token."""
         bs = self.block_size
-        num_decodes = 0
-        if self.split_mixed and 1 in num_new_tokens:
-            num_decodes = num_new_tokens.count(1)
-            if num_decodes < len(seqs) and num_decodes * self.num_kv_heads < self.split_min_pairs:
-                num_decodes = 0  # too few to fill the decode kernel: every row through the prefill kernel
-            elif num_decodes < len(seqs) and max(num_new_tokens[:num_decodes]) > 1:  # not all in front yet
-                order = sorted(range(len(seqs)), key=lambda i: num_new_tokens[i] != 1)  # stable
-                seqs = [seqs[i] for i in order]
-                num_new_tokens = [num_new_tokens[i] for i in order]
+        num_decodes = self._num_decodes(num_new_tokens, len(seqs))
+        if num_decodes and num_decodes < len(seqs) and max(num_new_tokens[:num_decodes]) > 1:  # not all in front yet
+            seqs, num_new_tokens = _decodes_first(seqs, num_new_tokens)
         input_ids: list[int] = []
         patch_at: list[int] = []  # input rows whose token is pending ...
         patch_from: list[int] = []  # ... and their rows in prev_tokens
@@ -166,7 +160,25 @@ class ModelRunner:
             if end == len(token_ids) + seq.pending:  # Sequence.samples_after(n)
                 sample_rows.append(total - 1)
                 sampling.append(seq)
-        num_seqs, num_tokens = len(seqs), len(input_ids)
+        return self._device_inputs(num_new_tokens, num_decodes, prev_tokens, input_ids, positions, slots, seq_lens,
+                                   sample_rows, patch_at, patch_from, tables, sampling)
+
+    def _num_decodes(self, num_new_tokens: list[int], num_seqs: int) -> int:
+        """How many one-token sequences a step runs through the decode kernel (0: every row through the prefill
+        kernel, when the step is not split or its decodes are too few to fill the decode kernel)."""
+        if not self.split_mixed or 1 not in num_new_tokens:
+            return 0
+        num_decodes = num_new_tokens.count(1)
+        if num_decodes < num_seqs and num_decodes * self.num_kv_heads < self.split_min_pairs:
+            return 0  # too few to fill the decode kernel: every row through the prefill kernel
+        return num_decodes
+
+    def _device_inputs(self, num_new_tokens: list[int], num_decodes: int, prev_tokens: torch.Tensor | None,
+                       input_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
+                       sample_rows: list[int], patch_at: list[int], patch_from: list[int], tables: list[array],
+                       sampling: list[Sequence]):
+        """prepare()'s lists packed into the two arrays, moved to the device, and viewed as its result."""
+        num_seqs, num_tokens = len(num_new_tokens), len(input_ids)
         starts = [0, *itertools.accumulate(num_new_tokens)]
         width = max(map(len, tables))
         longs = _packed("q", input_ids + positions + slots + sample_rows + patch_at + patch_from)
@@ -227,6 +239,12 @@ class ModelRunner:
             hidden = hidden.index_select(0, sample_rows)
         logits = self.model.compute_logits(hidden, self.batch_invariant)
         return sampling, logits
+
+
+def _decodes_first(seqs: list[Sequence], num_new_tokens: list[int]) -> tuple[list[Sequence], list[int]]:
+    """The step's sequences (and their new token counts) with the one-token ones first, each group in order."""
+    order = sorted(range(len(seqs)), key=lambda i: num_new_tokens[i] != 1)  # stable
+    return [seqs[i] for i in order], [num_new_tokens[i] for i in order]
 
 
 def _packed(code: str, values: list[int]) -> array:

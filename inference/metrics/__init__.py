@@ -6,7 +6,7 @@ label), so its dashboards and alerts carry over by replacing the prefix.
 Labels are `model_name` and, on request-level and gateway metrics, `tier`:
 never a tenant or an API key (one series per tenant would not scale).
 
-- `inference.metrics.engine`: engine figures (running, waiting, KV cache,
+- `inference.metrics.engine_stats`: engine figures (running, waiting, KV cache,
   prefix cache, preemptions, tokens), gathered by the worker loop from
   `Engine.stats()` at each heartbeat: the engine itself knows nothing of
   Prometheus.

@@ -5,7 +5,7 @@ that answers the scrape; `LiveCollector`):
 - `llmp:queue_depth{model_name,tier}`: jobs queued, not yet leased;
 - `llmp:live_workers{model_name}`: workers whose heartbeat is current;
 - `llmp:admission_reservations_held`, `llmp:admission_slots_held`: open
-  admission reservations and concurrency slots (billing.admission); both are
+  admission reservations and concurrency slots (billing.counters); both are
   0 once every admitted request has ended;
 - `llmp:db_server_connections`: the database's connections to this
   database (PostgreSQL's pg_stat_activity), every process included.
@@ -185,7 +185,7 @@ class LiveCollector(Collector):
         yield workers
 
     def _admission(self):
-        from billing.admission import get_admission_backend
+        from billing.counters import get_admission_backend
 
         reservations, slots = get_admission_backend().held()
         yield GaugeMetricFamily(f"{PREFIX}admission_reservations_held",

@@ -14,7 +14,7 @@ own `Priced`: nothing is priced here). A record the spool writes again after
 a crash is counted again (the insert ignores it). Spend is an integer counter
 of nano-dollars (1e-9 USD), each record's cost rounded up to a whole
 nano-dollar as the admission's budget counters count it
-(`billing.services.admission_ledger.femtos_to_nanos`): a float64 counter is
+(`billing.counters.units.cost_femtos_to_nanos`): a float64 counter is
 exact to 2**53 of them, about 9 million dollars per process.
 """
 
@@ -82,7 +82,7 @@ def billed_observe(endings: Iterable[Ending]) -> None:
     with the cost it was written at. Never raises."""
     try:
         from billing.money import cached_clamp
-        from billing.services.admission_ledger import femtos_to_nanos
+        from billing.counters.units import cost_femtos_to_nanos
         from billing.services.costs import is_charged
 
         for ending in endings:
@@ -95,7 +95,7 @@ def billed_observe(endings: Iterable[Ending]) -> None:
                                 ("output", max(0, ending.completion_tokens))):
                 if count:
                     BILLED_TOKENS.labels(*labels, kind).inc(count)
-            spend = femtos_to_nanos(ending.cost.total) if ending.cost is not None else 0
+            spend = cost_femtos_to_nanos(ending.cost.total) if ending.cost is not None else 0
             if spend:
                 SPEND_NANODOLLARS.labels(*labels).inc(spend)
     except Exception:  # noqa: BLE001

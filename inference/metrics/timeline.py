@@ -32,6 +32,7 @@ from typing import Any
 
 from django.conf import settings
 
+from common.figures_redis import figures_forget, figures_redis
 from common.outage import Outage
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,6 @@ WORKER = "worker:"  # + worker id -> JSON {"model", "kv_usage", "tok_s", "runnin
 
 _lock = threading.Lock()
 _memory: dict[int, dict[str, Any]] = {}
-_client = None
 _outage = Outage(logger, "console timeline (Redis)")
 RETRY_S = 5.0  # while Redis is away, figures are dropped without trying for this long after a failure
 _retry_at = 0.0
@@ -61,15 +61,6 @@ def bucket_of(instant: float) -> int:
 
 def ttft_bin(seconds: float) -> int:
     return min(bisect.bisect_left(TTFT_BOUNDS, max(0.0, seconds)), len(TTFT_BOUNDS) - 1)
-
-
-def _redis():
-    global _client
-    if _client is None:
-        import redis
-
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
-    return _client
 
 
 def _key(bucket: int) -> str:
@@ -93,7 +84,7 @@ def _write(bucket: int, *, add: Mapping[str, int] = {}, put: Mapping[str, str] =
     if _outage.down and time.monotonic() < _retry_at:
         return  # Redis is away: the finisher's thread does not wait on a timeout per step (one try per RETRY_S)
     try:
-        pipe = _redis().pipeline(transaction=False)
+        pipe = figures_redis().pipeline(transaction=False)
         for name, count in add.items():
             pipe.hincrby(_key(bucket), name, count)
         if put:
@@ -151,7 +142,7 @@ def buckets_read(*, first: int, last: int) -> dict[int, dict[str, Any]]:
             raw = {bucket: dict(_memory[bucket]) for bucket in starts if bucket in _memory}
     else:
         try:
-            pipe = _redis().pipeline(transaction=False)
+            pipe = figures_redis().pipeline(transaction=False)
             for bucket in starts:
                 pipe.hgetall(_key(bucket))
             raw = {bucket: {name.decode(): value.decode() for name, value in fields.items()}
@@ -202,7 +193,4 @@ def timeline_clear() -> None:
     """Tests: forget the buckets (of this process, or under this prefix in Redis)."""
     with _lock:
         _memory.clear()
-    if settings.REDIS_URL:
-        client = _redis()
-        for key in client.scan_iter(match=f"{settings.QUEUE_KEY_PREFIX}:timeline:*", count=1000):
-            client.delete(key)
+    figures_forget("timeline")

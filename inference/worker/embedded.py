@@ -7,8 +7,9 @@ The API calls its `start()` from its event loop before it enqueues, which calls
 at once (so the model counts as served while it loads) and loads the engine
 lazily; every call records the running event loop, on which the in-memory
 channel layer's events are then delivered (inference.worker.events). Each
-reply channel the web process opens is registered for in-process delivery
-(`reply_channel_opened`): the engine thread hands it its batches directly.
+reply channel the web process opens is added to the receivers the embedded
+sink is built with (`reply_channel_opened`, `_receivers`): the engine thread
+hands it its batches directly. Separate workers' sinks have none.
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ from typing import Any
 from django.conf import settings
 
 from common.errors import ServiceUnavailable
-from inference.protocol import local_receiver_register
 from inference.queue import get_job_queue
 
 from .engine_factory import engine_build
-from .events import EventSink, bind_event_loop, bound_event_loop
+from .events import EventSink, LocalReceivers, bind_event_loop, bound_event_loop
 from .loop import WorkerLoop, default_worker_id
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 _workers: dict[str, tuple[WorkerLoop, threading.Thread]] = {}
 _sink: EventSink | None = None
+# this process's reply channels: the embedded sink delivers to them in-process (kept with the workers and
+# their sink, not with one pool object: a pool rebuilt after a settings change reaches the running engine)
+_receivers = LocalReceivers()
 
 
 def _run(loop: WorkerLoop) -> None:
@@ -59,7 +62,7 @@ def ensure_embedded_worker(model: str | None = None) -> WorkerLoop:
         if entry is not None and entry[1].is_alive():
             return entry[0]
         if _sink is None:
-            _sink = EventSink(loop=bound_event_loop)
+            _sink = EventSink(loop=bound_event_loop, local=_receivers)
         device = settings.ENGINE_DEVICE
         worker = WorkerLoop(
             queue=get_job_queue(),
@@ -102,8 +105,13 @@ class EmbeddedWorkers:
         except Exception as exc:
             raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
 
+    @property
+    def receivers(self) -> LocalReceivers:
+        """This process's reply channels, which the embedded engine's sink hands their batches directly."""
+        return _receivers
+
     def reply_channel_opened(self, name: str, receiver: Any) -> None:
-        local_receiver_register(name, receiver)
+        _receivers.register(name, receiver)
 
     def readiness(self, model: str) -> dict[str, str]:
         return {}  # no Redis, and the engine serves from its own thread once asked

@@ -7,13 +7,14 @@ drain task on an event loop sends them. Whatever piled up since the last send
 goes to each reply channel as ONE `Batch`, in the order the loop handed the
 events over (the protocol module says why).
 
-In-process receivers: a reply channel whose reader lives in this process
-(the embedded worker's web process) registers itself with
-`inference.protocol.local_receiver_register`. The sink then hands that
+In-process receivers: a sink may be given the reply channels whose readers
+live in its own process (`LocalReceivers`; the embedded worker's pool builds
+its sink with the ones its web process opens). The sink then hands such a
 channel's `Batch` straight to the receiver on its own event loop, in the same
 loop callback that takes the events from the engine thread: the same one batch
 per step, neither encoded nor sent twice through the channel layer's queues
-(each a loop iteration behind every other stream's work).
+(each a loop iteration behind every other stream's work). A sink without them
+(separate worker processes) sends everything through the channel layer.
 
 Delivery that fails (Redis restarting, a full channel) loses nothing at once:
 the events are held and sent again, in order and before anything newer for
@@ -37,11 +38,12 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from common.outage import Outage
-from inference.protocol import Batch, Done, Event, local_receiver_get, local_receivers_any
+from inference.protocol import Batch, Done, Event, LocalReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,25 @@ HOLD_MAX_EVENTS = 4096
 HOLD_MAX_S = 120.0
 
 _bound_loop: asyncio.AbstractEventLoop | None = None
+
+
+class LocalReceivers:
+    """Reply channels read in this process, by name: a sink given them hands their batches over directly.
+    Weak: a closed reader drops out by itself."""
+
+    def __init__(self) -> None:
+        self._by_name: weakref.WeakValueDictionary[str, LocalReceiver] = weakref.WeakValueDictionary()
+
+    def register(self, name: str, receiver: LocalReceiver) -> None:
+        """Hand `name`'s batches to `receiver` directly when they are sent on its event loop."""
+        self._by_name[name] = receiver
+
+    def get(self, name: str) -> LocalReceiver | None:
+        return self._by_name.get(name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
 
 def bind_event_loop(loop: asyncio.AbstractEventLoop) -> None:
     """Record the web server's event loop for the embedded worker's deliveries."""
@@ -101,18 +122,19 @@ class _Drain:
         self.loop.call_soon_threadsafe(self._put, batch, sent)
 
     def _put(self, batch: list[tuple[str, Event]], sent: threading.Event | None) -> None:
-        rest = self._deliver_local(batch) if local_receivers_any() else batch
+        local = self.sink.local
+        rest = self._deliver_local(batch, local) if local else batch
         if rest:
             self.queue.put_nowait((rest, sent))
         elif sent is not None:
             sent.set()
 
-    def _deliver_local(self, batch: list[tuple[str, Event]]) -> list[tuple[str, Event]]:
+    def _deliver_local(self, batch: list[tuple[str, Event]], receivers: LocalReceivers) -> list[tuple[str, Event]]:
         """Hand the batches of this loop's in-process reply channels over now; the rest is sent."""
         local: dict[str, tuple[Any, list[Event]]] = {}
         rest: list[tuple[str, Event]] = []
         for channel, event in batch:
-            receiver = local_receiver_get(channel)
+            receiver = receivers.get(channel)
             if receiver is not None and receiver.loop is self.loop:
                 local.setdefault(channel, (receiver, []))[1].append(event)
             else:
@@ -198,11 +220,15 @@ class EventSink:
 
     `loop`: None for a private event loop thread; an event loop; or a callable
     returning the loop to use at each send (the embedded mode passes
-    `bound_event_loop`).
+    `bound_event_loop`). `local`: the reply channels read in this process, handed
+    their batches directly (the embedded mode's); None: everything goes through
+    the channel layer.
     """
 
-    def __init__(self, layer: Any = None, loop: asyncio.AbstractEventLoop | Callable[[], Any] | None = None) -> None:
+    def __init__(self, layer: Any = None, loop: asyncio.AbstractEventLoop | Callable[[], Any] | None = None,
+                 local: LocalReceivers | None = None) -> None:
         self._layer = layer
+        self.local = local
         self._loop_source = loop
         self._own_loop: asyncio.AbstractEventLoop | None = None
         self._drains: dict[int, _Drain] = {}

@@ -8,7 +8,7 @@ spool to billing's settlement service (`EndingsSink`: record written, then
 reservation settled; the written records' spend counted). The record is
 written (or, while the database is away, kept in the spool) before the
 event, so a client that sees the end of its stream can already find the
-record. The worker loop (its finisher thread, its endings) and the reaper end
+record. The worker loop (its ending thread, its endings) and the reaper end
 requests through here; the insert is idempotent, so a request ended twice
 (a slow worker and the reaper racing) still has one record, the first.
 """
@@ -73,48 +73,59 @@ def endings_record(endings: list[Ending]) -> bool:
     (inference.metrics: latencies, endings), spooled on disk (inference.worker.spool), then handed to
     billing's settlement service through the spool (`EndingsSink`: the usage records written, their
     admission reservations settled, the written records' tokens and spend counted); what the database or
-    Redis could not take now, the spool's flusher retries until it can. Never raises; True when the
-    records were written now."""
+    Redis could not take now, the spool's flusher retries until it can. The endings themselves go through
+    (converted once, for the disk). Never raises; True when the records were written now."""
     if not endings:
         return True
     requests_observe(endings)
-    requests_add([ending.record_fields() for ending in endings])  # the operator console's last hour
-    rows = [ending.to_json() for ending in endings]
+    requests_add([{"finish_reason": e.finish_reason, "ttft_s": e.ttft_s} for e in endings])  # the console's hour
     try:
         spool = endings_spool()
-        spool.add(rows)
+        spool.add(endings)
     except Exception:  # noqa: BLE001 - a full disk: still try the database itself
         logger.exception("could not spool the usage records of %s", [e.request_id for e in endings])
-        return _record_without_spool(rows)
-    written, _settled = spool.process(rows)
+        return _record_without_spool(endings)
+    written, _settled = spool.process(endings)
     return written
 
 
 class EndingsSink:
-    """The spool's sink (inference.worker.spool.SpoolSink): its rows are `Ending.to_json()` objects, written
-    and settled by billing's settlement service (billing.services.settlement); the records written are
-    counted (inference.metrics.requests.billed_observe)."""
+    """The spool's sink (inference.worker.spool.SpoolSink): its items are `Ending`s, kept on disk as
+    `Ending.to_json()` objects, written and settled by billing's settlement service
+    (billing.services.settlement); the records written are counted (inference.metrics.requests.billed_observe)."""
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
+    @staticmethod
+    def request_id(ending: Ending) -> str:
+        return ending.request_id
+
+    @staticmethod
+    def encode(ending: Ending) -> dict[str, Any]:
+        return ending.to_json()
+
+    @staticmethod
+    def decode(row: dict[str, Any]) -> Ending:
+        return Ending.from_json(row)
+
+    def write(self, endings: list[Ending]) -> None:
         try:
-            written = endings_write([Ending.from_json(row) for row in rows])
+            written = endings_write(endings)
         except DatabaseAway as exc:
             raise ConnectionLost(str(exc)) from exc
         billed_observe(written)
 
-    def settle_start(self, rows: list[dict[str, Any]]) -> Callable[[], bool]:
-        return endings_settle_start([Ending.from_json(row) for row in rows])
+    def settle_start(self, endings: list[Ending]) -> Callable[[], bool]:
+        return endings_settle_start(endings)
 
 
-def _record_without_spool(rows: list[dict[str, Any]]) -> bool:
+def _record_without_spool(endings: list[Ending]) -> bool:
     sink = EndingsSink()
     try:
-        sink.write(rows)
+        sink.write(endings)
         written = True
     except Exception:  # noqa: BLE001
-        logger.exception("could not write the usage records of %s", [row.get("request_id") for row in rows])
+        logger.exception("could not write the usage records of %s", [e.request_id for e in endings])
         written = False
-    sink.settle_start(rows)()
+    sink.settle_start(endings)()
     return written
 
 

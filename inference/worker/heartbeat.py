@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.outage import Outage, connection_lost
-from inference.queue import JobQueue
+from inference.queue import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +66,9 @@ def heartbeat_info(figures: WorkerFigures, *, tok_s: float = 0.0, loading: bool 
 class Heartbeats:
     """The heartbeats of one worker (see the module docstring): `figures()` says what to report."""
 
-    def __init__(self, *, queue: JobQueue, worker_id: str, model: str, figures: Callable[[], WorkerFigures],
+    def __init__(self, *, registry: WorkerRegistry, worker_id: str, model: str, figures: Callable[[], WorkerFigures],
                  interval: float) -> None:
-        self.queue, self.worker_id, self.model = queue, worker_id, model
+        self.registry, self.worker_id, self.model = registry, worker_id, model
         self.figures = figures
         self.interval = interval
         self.next_at = 0.0  # monotonic time of the loop's next beat
@@ -109,7 +109,7 @@ class Heartbeats:
     def _send(self, info: dict[str, Any]) -> bool:
         try:
             with self._lock:
-                alive = self.queue.heartbeat(self.worker_id, self.model, info)
+                alive = self.registry.heartbeat(self.worker_id, self.model, info)
         except Exception as exc:  # noqa: BLE001 - Redis blips must not kill the worker
             if connection_lost(exc):
                 self.outage.failed(repr(exc))

@@ -1,7 +1,7 @@
 """Whether anybody still reads a job's reply channel.
 
 Each web process refreshes a liveness key per reply channel while its
-requests wait (inference.api.replies, `JobQueue.reply_channels_touch`). A
+requests wait (inference.api.replies, `ReplyLiveness.reply_channels_touch`). A
 worker asks about the channels of the jobs it holds about once a second
 (`ReplyWatch.unheard`); a channel whose key has been gone for `timeout`
 seconds (judged only from answers Redis gave: an outage judges nothing, and a
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.queue import JobQueue
+from inference.queue import ReplyLiveness
 
 
 class ReplyWatch:
-    def __init__(self, *, queue: JobQueue, timeout: float) -> None:
-        self.queue = queue
+    def __init__(self, *, replies: ReplyLiveness, timeout: float) -> None:
+        self.replies = replies
         self.timeout = timeout
         self.interval = min(1.0, timeout / 3)
         self.next_at = 0.0  # monotonic time of the next check
@@ -30,7 +30,7 @@ class ReplyWatch:
         Raises what the queue raises when Redis cannot be asked."""
         self.next_at = now + self.interval
         channels = {a.job.reply_channel for a in active.values() if not a.aborting}
-        alive = self.queue.reply_channels_alive(channels)
+        alive = self.replies.reply_channels_alive(channels)
         for channel in list(self._missing):
             if channel in alive or channel not in channels:
                 del self._missing[channel]

@@ -9,7 +9,7 @@ workers (every few seconds), abort the jobs of reply channels nobody reads
 from the queue, lease new jobs when the engine has room, then one engine step
 whose outputs become `Delta` events (inference.protocol) and, for finished
 requests, a usage record and one `Done`, both from the finisher thread
-(inference.worker.finisher). An error in one request ends that request with
+(inference.worker.ending_thread). An error in one request ends that request with
 finish_reason "error" (the engine pins a failing step to the requests that
 made it fail); an error the engine lets through ends every request in the
 engine; neither stops the loop. An engine that declares itself dead (a broken
@@ -34,7 +34,7 @@ from typing import Any
 
 from common.outage import Outage, connection_lost
 from inference.engine.sampling_params import EngineValidationError, SamplingParams
-from inference.metrics.engine import EngineMetrics
+from inference.metrics.engine_stats import EngineMetrics
 from inference.metrics.live import process_figures_update
 from inference.metrics.timeline import worker_sample
 from inference.protocol import Delta
@@ -43,7 +43,7 @@ from inference.queue import Job, JobQueue, ReapResult
 from .events import EventSink
 from .endings import RequestEndings
 from .finish import ActiveRequest, db_connections_close, endings_spool
-from .finisher import Finisher
+from .ending_thread import Finisher
 from .heartbeat import Heartbeats, WorkerFigures
 from .listeners import ReplyWatch
 from .marks import StartMarks
@@ -93,7 +93,7 @@ class WorkerLoop:
         self._prefetch = prefetch
         self.reap_interval = reap_interval if reap_interval is not None else max(1.0, queue.heartbeat_timeout / 2)
         self.dropped_interval = dropped_interval
-        self.reply_watch = ReplyWatch(queue=queue, timeout=reply_alive_timeout)
+        self.reply_watch = ReplyWatch(replies=queue.replies, timeout=reply_alive_timeout)
         self.queue_outage = Outage(logger, f"worker {self.worker_id}: job queue (Redis)")
         self.active: dict[str, ActiveRequest] = {}
         self.started_at = time.time()
@@ -102,7 +102,7 @@ class WorkerLoop:
         self._stopping = threading.Event()
         self._next_reap = 0.0
         self._next_dropped = 0.0
-        self.heartbeats = Heartbeats(queue=queue, worker_id=self.worker_id, model=model, figures=self.figures,
+        self.heartbeats = Heartbeats(registry=queue.workers, worker_id=self.worker_id, model=model, figures=self.figures,
                                      interval=heartbeat_interval)
         self.endings = RequestEndings(queue=queue, sink=sink, worker_id=self.worker_id, active=self.active)
         self.marks = StartMarks(queue=queue, worker_id=self.worker_id)

@@ -14,7 +14,9 @@ may have its own (`ApiKey.monthly_spend_limit_micros`) on top.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "monthly_token_quota",
                 "monthly_spend_limit_micros")
@@ -22,10 +24,62 @@ TIER_FIELDS = LIMIT_FIELDS[:4]  # the tier has no budget: a budget is the tenant
 
 
 @dataclass(frozen=True, slots=True)
+class LimitScope:
+    """Whose limit: a tenant's or an API key's (`LimitScope.tenant(pk)`, `LimitScope.key(pk)`).
+
+    Its string form ("t12", "k34") names it in the admission counters' keys (billing.counters.keys), in the
+    budget alerts' task arguments and in the stored counters of live Redis: it is built here (`__str__`) and
+    read back here (`parse`), nowhere else, and it never changes (rolling deploys share the live counters).
+    """
+
+    kind: Literal["tenant", "key"]
+    id: int
+
+    TENANT: ClassVar[str] = "tenant"
+    KEY: ClassVar[str] = "key"
+    _LETTERS: ClassVar[dict[str, str]] = {"tenant": "t", "key": "k"}
+    _KINDS: ClassVar[dict[str, str]] = {"t": "tenant", "k": "key"}
+    _FORM: ClassVar[re.Pattern] = re.compile(r"([tk])(0|[1-9][0-9]*)", re.ASCII)
+
+    def __post_init__(self) -> None:
+        if self.kind not in self._LETTERS:
+            raise ValueError(f"a limit scope is a tenant's or a key's, not {self.kind!r}")
+        if type(self.id) is not int or self.id < 0:
+            raise ValueError(f"a limit scope's id is a whole number >= 0, not {self.id!r}")
+
+    @classmethod
+    def tenant(cls, pk: int) -> "LimitScope":
+        return cls(cls.TENANT, int(pk))
+
+    @classmethod
+    def key(cls, pk: int) -> "LimitScope":
+        return cls(cls.KEY, int(pk))
+
+    @classmethod
+    def parse(cls, text: str) -> "LimitScope":
+        """The scope `str(scope)` wrote ("t12", "k34"); ValueError for anything else."""
+        match = cls._FORM.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise ValueError(f"not a limit scope (t<tenant id> or k<key id>): {text!r}")
+        return cls(cls._KINDS[match[1]], int(match[2]))
+
+    @property
+    def is_key(self) -> bool:
+        return self.kind == self.KEY
+
+    @property
+    def is_tenant(self) -> bool:
+        return self.kind == self.TENANT
+
+    def __str__(self) -> str:
+        return f"{self._LETTERS[self.kind]}{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
 class ScopeLimits:
     """One scope's limits (a tenant or a key); 0 = none."""
 
-    scope: str  # "t<tenant id>" or "k<key id>"
+    scope: LimitScope
     requests_per_minute: int = 0
     tokens_per_minute: int = 0
     max_concurrent_requests: int = 0
@@ -71,7 +125,8 @@ def tenant_limits(*, tenant, tier) -> ScopeLimits:
     for name in TIER_FIELDS:
         override = getattr(tenant, name, None)
         values[name] = int(override if override is not None else getattr(tier, name) or 0)
-    return ScopeLimits(scope=f"t{tenant.pk}", monthly_spend_limit_micros=tenant_budget_micros(tenant=tenant), **values)
+    return ScopeLimits(scope=LimitScope.tenant(tenant.pk), monthly_spend_limit_micros=tenant_budget_micros(tenant=tenant),
+                       **values)
 
 
 def key_limits(*, api_key) -> ScopeLimits | None:
@@ -79,7 +134,7 @@ def key_limits(*, api_key) -> ScopeLimits | None:
     if api_key is None or getattr(api_key, "pk", None) is None:
         return None
     values = {name: int(getattr(api_key, name, None) or 0) for name in LIMIT_FIELDS}
-    limits = ScopeLimits(scope=f"k{api_key.pk}", **values)
+    limits = ScopeLimits(scope=LimitScope.key(api_key.pk), **values)
     return limits if limits.any else None
 
 
@@ -96,7 +151,7 @@ def key_scopes(*, api_key) -> list[ScopeLimits]:
         return []
     values = {name: getattr(own, name) for name in LIMIT_FIELDS}
     lineage = [int(key_id) for key_id in (getattr(api_key, "lineage", None) or [])[:MAX_LINEAGE]]
-    return [own, *(ScopeLimits(scope=f"k{key_id}", **values) for key_id in lineage)]
+    return [own, *(ScopeLimits(scope=LimitScope.key(key_id), **values) for key_id in lineage)]
 
 
 def limits_explain(*, tenant, api_key=None) -> list[LimitSource]:

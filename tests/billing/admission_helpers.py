@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from billing.admission.memory import MemoryAdmission
-from billing.admission.redis_backend import RedisAdmission
+from billing.counters.memory import MemoryAdmission
+from billing.counters.redis_backend import RedisAdmission
 
 REDIS_TEST_URL = os.environ.get("ADMISSION_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
 

@@ -15,8 +15,8 @@ import openai
 import pytest
 from asgiref.sync import sync_to_async
 
-from billing.admission import reset_admission_backend
-from billing.admission.memory import MemoryAdmission
+from billing.counters import reset_admission_backend
+from billing.counters.memory import MemoryAdmission
 from tests.billing.admission_helpers import Clock
 from tests.inference.test_api_validation import MODEL, asgi_client, chat, check, make_key, post  # noqa: F401
 
@@ -92,7 +92,7 @@ async def test_token_headers_and_the_refund_at_settlement(asgi_client, make_key,
 
 
 async def test_counters_unreachable_is_503_and_nothing_runs(asgi_client, make_key):
-    from billing.admission.redis_backend import RedisAdmission
+    from billing.counters.redis_backend import RedisAdmission
     from billing.models import UsageRecord
 
     reset_admission_backend(RedisAdmission(url="redis://127.0.0.1:1/0"))

@@ -7,24 +7,29 @@ import uuid
 
 import pytest
 
-from billing.admission.base import QUOTA, REQUESTS, SPEND, TOKENS, Actual, Bucket, Counter, Plan, Slot
+from billing.counters.base import QUOTA, REQUESTS, SPEND, TOKENS, Actual, Bucket, Counter, Plan, Slot
+from billing.counters.keys import CounterKey, alert_mark_key
+from tenants.services.limits import LimitScope
 from tests.billing.admission_helpers import backend_and_clock  # noqa: F401
+
+T1 = LimitScope.tenant(1)
 
 
 def rid() -> str:
     return uuid.uuid4().hex
 
 
-def rpm(backend, limit: int, scope: str = "t1") -> Bucket:
-    return Bucket(key=backend.key("rb", scope, "requests"), kind=REQUESTS, limit=limit, cost=1)
+def rpm(backend, limit: int, scope: LimitScope = T1) -> Bucket:
+    return Bucket(key=backend.key(CounterKey.rate(scope, REQUESTS)), kind=REQUESTS, limit=limit, cost=1)
 
 
-def tpm(backend, limit: int, cost: int, scope: str = "t1") -> Bucket:
-    return Bucket(key=backend.key("rb", scope, "tokens"), kind=TOKENS, limit=limit, cost=cost)
+def tpm(backend, limit: int, cost: int, scope: LimitScope = T1) -> Bucket:
+    return Bucket(key=backend.key(CounterKey.rate(scope, TOKENS)), kind=TOKENS, limit=limit, cost=cost)
 
 
 def counter(backend, kind: str, limit: int, amount: int) -> Counter:
-    return Counter(key=backend.key("q", "t1", "2026-11", kind), kind=kind, limit=limit, amount=amount, ttl_s=3600)
+    return Counter(key=backend.key(CounterKey.period_total(T1, "2026-11", kind)), kind=kind, limit=limit, amount=amount,
+                   ttl_s=3600)
 
 
 def test_requests_per_minute_admits_the_limit_then_refuses_until_refilled(backend_and_clock):
@@ -58,8 +63,8 @@ def test_all_or_nothing_a_refusal_takes_no_other_limit(backend_and_clock):
     backend, _ = backend_and_clock
     budget = counter(backend, SPEND, limit=100, amount=60)
     assert backend.counter_seed(budget.key, 0, 3600)
-    plan = lambda: Plan(request_id=rid(), buckets=(rpm(backend, 10),), slots=(Slot(backend.key("cc", "t1"), 5),),
-                        counters=(budget,))
+    slot = Slot(backend.key(CounterKey.concurrency(T1)), 5)
+    plan = lambda: Plan(request_id=rid(), buckets=(rpm(backend, 10),), slots=(slot,), counters=(budget,))
     assert backend.admit(plan()).admitted
     refused = backend.admit(plan())
     assert refused.refusal.kind == SPEND and (refused.refusal.used, refused.refusal.requested) == (60, 60)
@@ -71,7 +76,7 @@ def test_all_or_nothing_a_refusal_takes_no_other_limit(backend_and_clock):
 
 def test_concurrency_slots_are_held_until_settled_or_stale(backend_and_clock):
     backend, advance = backend_and_clock
-    slot = Slot(backend.key("cc", "t1"), 2)
+    slot = Slot(backend.key(CounterKey.concurrency(T1)), 2)
     first, second = rid(), rid()
     assert backend.admit(Plan(request_id=first, slots=(slot,), hold_s=100)).admitted
     assert backend.admit(Plan(request_id=second, slots=(slot,), hold_s=100)).admitted
@@ -159,17 +164,22 @@ def test_settle_many_settles_each_once_as_one_by_one_would(backend_and_clock):
     backend, _ = backend_and_clock
     day = 86400.0  # refill negligible between the two scopes' reads (the Redis backend runs on Redis's clock)
 
-    def plan(scope: str) -> Plan:
-        return Plan(request_id=rid(), buckets=(Bucket(backend.key("rb", scope, "tokens"), TOKENS, 6_000, 1_000, day),),
-                    slots=(Slot(backend.key("cc", scope), 3),),
-                    counters=tuple(Counter(backend.key("q", scope, "2026-11", kind), kind, 100_000, amount, 3600)
+    scopes = {"batch": LimitScope.tenant(2), "single": LimitScope.tenant(3)}
+
+    def plan(name: str) -> Plan:
+        scope = scopes[name]
+        return Plan(request_id=rid(), buckets=(Bucket(backend.key(CounterKey.rate(scope, TOKENS)), TOKENS, 6_000, 1_000,
+                                                      day),),
+                    slots=(Slot(backend.key(CounterKey.concurrency(scope)), 3),),
+                    counters=tuple(Counter(backend.key(CounterKey.period_total(scope, "2026-11", kind)), kind, 100_000,
+                                           amount, 3600)
                                    for kind, amount in ((QUOTA, 1_000), (SPEND, 900))))
 
     actuals = [Actual(tokens=250, quota=400, spend=300), Actual(tokens=1_000, quota=1_000, spend=900), Actual()]
     ids: dict[str, list[str]] = {}
     for scope in ("batch", "single"):
         for kind in (QUOTA, SPEND):
-            backend.counter_seed(backend.key("q", scope, "2026-11", kind), 100, 3600)
+            backend.counter_seed(backend.key(CounterKey.period_total(scopes[scope], "2026-11", kind)), 100, 3600)
         plans = [plan(scope) for _ in actuals]
         assert all(backend.admit(p).admitted for p in plans)
         ids[scope] = [p.request_id for p in plans]
@@ -184,12 +194,12 @@ def test_settle_many_settles_each_once_as_one_by_one_would(backend_and_clock):
         decisions = [backend.admit(p) for p in again]
         assert all(d.admitted for d in decisions)
         assert decisions[0].buckets[0].remaining == 6_000 - 250 - 1_000 - 1_000  # 750 + 1000 refunded
-        assert backend.open_reserved(backend.key("q", scope, "2026-11", QUOTA)) == 3_000
+        assert backend.open_reserved(backend.key(CounterKey.period_total(scopes[scope], "2026-11", QUOTA))) == 3_000
 
 
 def test_alerts_are_marked_once(backend_and_clock):
     backend, _ = backend_and_clock
-    key = backend.key("alert", "t1", "2026-11", 50)
+    key = alert_mark_key(backend.key(CounterKey.period_total(T1, "2026-11", SPEND)), 50)
     assert backend.alert_mark(key, 3600)
     assert not backend.alert_mark(key, 3600)
 
@@ -217,11 +227,12 @@ def test_concurrent_admissions_never_overshoot(backend_and_clock):
 
 def test_held_counts_open_reservations_and_slots_until_each_settles(backend_and_clock):
     backend, _ = backend_and_clock
-    slot = Slot(key=backend.key("cc", "t-held"), limit=5)
+    held = LimitScope.key(99)
+    slot = Slot(key=backend.key(CounterKey.concurrency(held)), limit=5)
     ids = [rid() for _ in range(3)]
     for request_id in ids:
         assert backend.admit(Plan(request_id=request_id, slots=(slot,))).admitted
-    backend.admit(Plan(request_id=rid(), buckets=(rpm(backend, 100, scope="t-held"),)))  # a reservation, no slot
+    backend.admit(Plan(request_id=rid(), buckets=(rpm(backend, 100, scope=held),)))  # a reservation, no slot
     assert backend.held() == (4, 3)
     backend.settle(ids[0], Actual())
     assert backend.held() == (3, 2)

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import uuid
 
-from billing.admission.base import QUOTA, REQUESTS, SPEND, Actual, Bucket, Counter, Plan, Slot
+from billing.counters.base import QUOTA, REQUESTS, SPEND, Actual, Bucket, Counter, Plan, Slot
+from billing.counters.keys import CounterKey
+from tenants.services.limits import LimitScope
 from tests.billing.admission_helpers import backend_and_clock  # noqa: F401
+
+T1, T2 = LimitScope.tenant(1), LimitScope.tenant(2)
 
 HOLD_S, LEASE_S = 900.0, 5.0
 
@@ -25,7 +29,7 @@ def rid() -> str:
 
 
 def _slot(backend) -> Slot:
-    return Slot(backend.key("cc", "t1"), 1)
+    return Slot(backend.key(CounterKey.concurrency(T1)), 1)
 
 
 def _leased(backend, request_id: str) -> Plan:
@@ -67,8 +71,8 @@ def test_a_lease_past_its_end_is_not_renewed_and_settling_ends_it(backend_and_cl
     assert backend.admit(_leased(backend, late)).admitted
     advance(LEASE_S + 0.5)
     assert backend.extend([late], LEASE_S) == 0  # its slot may be another request's by now
-    assert backend.admit(Plan(request_id=settled, slots=(Slot(backend.key("cc", "t2"), 1),), hold_s=HOLD_S,
-                              lease_s=LEASE_S)).admitted
+    slot = Slot(backend.key(CounterKey.concurrency(T2)), 1)
+    assert backend.admit(Plan(request_id=settled, slots=(slot,), hold_s=HOLD_S, lease_s=LEASE_S)).admitted
     assert backend.settle(settled, Actual()) == []
     assert backend.extend([settled], LEASE_S) == 0
     assert not backend.confirm(settled)
@@ -76,8 +80,8 @@ def test_a_lease_past_its_end_is_not_renewed_and_settling_ends_it(backend_and_cl
 
 def _counters(backend, *, limit: int, amount: int) -> tuple[Counter, Counter]:
     def make(kind: str) -> Counter:
-        return Counter(backend.key("q", "t1", "2026-01", kind), kind, limit, amount, 3600,
-                       next_key=backend.key("q", "t1", "2026-02", kind))
+        return Counter(backend.key(CounterKey.period_total(T1, "2026-01", kind)), kind, limit, amount, 3600,
+                       next_key=backend.key(CounterKey.period_total(T1, "2026-02", kind)))
 
     return make(QUOTA), make(SPEND)
 
@@ -114,7 +118,7 @@ def test_a_crossing_request_whose_next_counter_is_missing_leaves_it_to_the_rebui
 
 def test_a_count_only_plan_takes_its_buckets_and_holds_nothing(backend_and_clock):
     backend, _ = backend_and_clock
-    bucket = Bucket(backend.key("rb", "k9", REQUESTS), REQUESTS, 3, 1)
+    bucket = Bucket(backend.key(CounterKey.rate(LimitScope.key(9), REQUESTS)), REQUESTS, 3, 1)
     for _ in range(3):
         decision = backend.admit(Plan(request_id=rid(), buckets=(bucket,), count_only=True))
         assert decision.admitted

@@ -1,4 +1,4 @@
-"""The web side of the pre-enqueue lease (billing.services.admission), on the in-process backend, real time.
+"""The web side of the pre-enqueue lease (billing.services.admission_lease), on the in-process backend, real time.
 
 While `AdmissionLease` is open (the web process enqueuing) the reservation is
 renewed past its lease; `aadmission_confirm` (the job is queued) holds it up to
@@ -13,12 +13,12 @@ import uuid
 
 import pytest
 
-from billing.admission import get_admission_backend, reset_admission_backend
-from billing.admission.base import Actual
-from billing.admission.memory import MemoryAdmission
-from billing.services.admission import (
-    AdmissionLease, aadmission_confirm, aadmission_reserve, reservations_release_stale,
-)
+from billing.counters import get_admission_backend, reset_admission_backend
+from billing.counters.base import Actual
+from billing.counters.memory import MemoryAdmission
+from billing.services.admission_lease import AdmissionLease, aadmission_confirm
+from billing.services.admission_reserve import aadmission_reserve
+from billing.services.admission_settle import reservations_release_stale
 from common.errors import RateLimited
 
 LEASE_S = 1.0  # renewed every third of it: on a loaded 2-core CI machine a 0.1 s renewal tick can slip

@@ -19,13 +19,16 @@ import pytest
 import time_machine
 from asgiref.sync import async_to_sync
 
-from billing.admission import reset_admission_backend
-from billing.admission.base import QUOTA, SPEND
+from billing.counters import reset_admission_backend
+from billing.counters.base import QUOTA, SPEND
+from billing.counters.keys import CounterKey
+from billing.ledger import ledger_totals
 from billing.periods import month_period
-from billing.services.admission import aadmission_reserve, admission_settle_records
-from billing.services.admission_ledger import ledger_totals
+from billing.services.admission_reserve import aadmission_reserve
+from billing.services.admission_settle import admission_settle_records
 from billing.services.invoice_lines import usage_line_drafts
 from billing.services.usage import usage_record_fields, usage_records_insert
+from tenants.services.limits import LimitScope
 from tests.billing.admission_helpers import make_backend, require_redis
 
 ZONE = "America/New_York"
@@ -74,7 +77,7 @@ def _finish(admission, auth, *, prompt: int, completion: int) -> None:
 
 
 def _counter(backend, tenant, month: str, kind: str) -> int | None:
-    return backend.counter_get(backend.key("q", f"t{tenant.pk}", month, kind))
+    return backend.counter_get(backend.key(CounterKey.period_total(LimitScope.tenant(tenant.pk), month, kind)))
 
 
 @pytest.mark.parametrize("february_counter_first", [True, False], ids=["feb-counter-exists", "feb-counter-missing"])
@@ -102,7 +105,7 @@ def test_a_request_admitted_at_235959_9_that_ends_after_midnight_counts_in_febru
             _finish(late, auth, prompt=1, completion=1)
     january, february = (month_period(year=2026, month=m, tz=ZONE) for m in (1, 2))
     for period in (january, february):
-        ledger = ledger_totals(scope=f"t{tenant.pk}", start=period.start, end=period.end)
+        ledger = ledger_totals(scope=LimitScope.tenant(tenant.pk), start=period.start, end=period.end)
         assert _counter(backend, tenant, period.label, QUOTA) == ledger[QUOTA]
         assert _counter(backend, tenant, period.label, SPEND) == ledger[SPEND]
     assert _counter(backend, tenant, "2026-01", QUOTA) == 0

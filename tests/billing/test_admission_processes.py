@@ -11,10 +11,11 @@ import multiprocessing
 import uuid
 from datetime import datetime, timezone
 
-from billing.admission.redis_backend import RedisAdmission
+from billing.counters.redis_backend import RedisAdmission
 from billing.periods import month_containing
-from billing.services.admission import plan_build
-from tenants.services.limits import ScopeLimits
+from billing.services.admission_plan import plan_build
+from billing.counters.units import budget_micros_to_nanos
+from tenants.services.limits import LimitScope, ScopeLimits
 from tests.billing.admission_helpers import REDIS_TEST_URL, require_redis
 
 PROCESSES, REQUESTS = 4, 50
@@ -48,7 +49,7 @@ def _run(limits: ScopeLimits, *, spend_nanos: int | None, seed: int | None) -> t
 
 
 def test_ten_requests_per_minute_admit_exactly_ten_of_fifty():
-    admitted, backend, _ = _run(ScopeLimits(scope="t1", requests_per_minute=10), spend_nanos=None, seed=None)
+    admitted, backend, _ = _run(ScopeLimits(scope=LimitScope.tenant(1), requests_per_minute=10), spend_nanos=None, seed=None)
     try:
         assert admitted == 10
     finally:
@@ -57,11 +58,11 @@ def test_ten_requests_per_minute_admit_exactly_ten_of_fifty():
 
 def test_a_budget_for_ten_worst_cases_admits_ten_and_never_exceeds_its_limit():
     worst = 123_456  # nano-dollars per request
-    limits = ScopeLimits(scope="t1", monthly_spend_limit_micros=worst * 10 // 1000 + 1)  # room for 10, not 11
+    limits = ScopeLimits(scope=LimitScope.tenant(1), monthly_spend_limit_micros=worst * 10 // 1000 + 1)  # room for 10, not 11
     admitted, backend, plans = _run(limits, spend_nanos=worst, seed=0)
     try:
         assert admitted == 10
         spent = backend.counter_get(plans[0].counters[0].key)
-        assert spent == 10 * worst <= limits.monthly_spend_limit_micros * 1000
+        assert spent == 10 * worst <= budget_micros_to_nanos(limits.monthly_spend_limit_micros)
     finally:
         backend.flush()

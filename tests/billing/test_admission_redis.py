@@ -9,9 +9,10 @@ from datetime import datetime, timezone
 import pytest
 from asgiref.sync import async_to_sync
 
-from billing.admission import reset_admission_backend
-from billing.admission.redis_backend import RedisAdmission
-from billing.services.admission import aadmission_reserve, admission_settle_records
+from billing.counters import reset_admission_backend
+from billing.counters.redis_backend import RedisAdmission
+from billing.services.admission_reserve import aadmission_reserve
+from billing.services.admission_settle import admission_settle_records
 from common.errors import InsufficientQuota, ServiceUnavailable
 from tests.billing.admission_helpers import REDIS_TEST_URL, require_redis
 
@@ -64,9 +65,9 @@ def test_redis_unreachable_admits_nothing(tenant_factory, tier_factory):
 
 def test_an_overlapped_settlement_with_redis_away_says_so_and_raises_nothing(redis_backend, tenant_factory,
                                                                            tier_factory, price_factory):
-    """The worker's settlement (billing.services.admission.admission_settle_start) on a Redis that went away
+    """The worker's settlement (billing.services.admission_settle.admission_settle_start) on a Redis that went away
     after the admission: False (the spool keeps the record unsettled and retries), no exception."""
-    from billing.services.admission import admission_settle_start
+    from billing.services.admission_settle import admission_settle_start
     from tenants.services.api_keys import AuthContext
 
     price_factory(model=MODEL, input="1", cached="1", output="1", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
@@ -87,7 +88,7 @@ def test_an_overlapped_settlement_survives_a_redis_that_forgot_its_scripts(redis
                                                                          tier_factory, price_factory):
     """The settlement is sent as EVALSHA before the worker's insert; after a Redis restart (SCRIPT FLUSH here)
     the reply is NOSCRIPT, the script did not run, and finishing loads and runs it: settled once."""
-    from billing.services.admission import admission_settle_start
+    from billing.services.admission_settle import admission_settle_start
     from tenants.services.api_keys import AuthContext
 
     price_factory(model=MODEL, input="1", cached="1", output="1", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
@@ -112,7 +113,7 @@ def test_an_overlapped_settlement_survives_its_connection_closed_by_the_server(r
     """The worker's settlement keeps its own connection between steps; Redis restarting closes it. The next
     settlement goes once more through the pool (which reconnects) instead of failing: its concurrency slot is free
     at once, not after the spool's retry (a client with one slot would get a 429 meanwhile)."""
-    from billing.services.admission import admission_settle_start
+    from billing.services.admission_settle import admission_settle_start
     from tenants.services.api_keys import AuthContext
 
     price_factory(model=MODEL, input="1", cached="1", output="1", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))

@@ -10,10 +10,15 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core import mail
 
-from billing.admission import reset_admission_backend
-from billing.admission.memory import MemoryAdmission
-from billing.services.admission import aadmission_reserve, admission_settle_records, period_current
+from billing.counters import reset_admission_backend
+from billing.counters.base import QUOTA, SPEND
+from billing.counters.keys import CounterKey
+from billing.counters.memory import MemoryAdmission
+from billing.services.admission_plan import period_current
+from billing.services.admission_reserve import aadmission_reserve
+from billing.services.admission_settle import admission_settle_records
 from common.errors import InsufficientQuota, RateLimited
+from tenants.services.limits import LimitScope
 from tests.billing.admission_helpers import Clock
 
 MODEL = "m"
@@ -45,6 +50,10 @@ def finished(admission, auth, *, prompt: int, completion: int, cached: int = 0, 
     return {"request_id": admission.request_id, "tenant_id": auth.tenant.pk, "model": MODEL,
             "tier": auth.tier.name, "prompt_tokens": prompt, "cached_tokens": cached,
             "completion_tokens": completion, "finish_reason": reason, "admitted_at": None}
+
+
+def _month() -> str:
+    return period_current(tz="UTC").label
 
 
 def unlimited_tier(tier_factory, **fields):
@@ -104,7 +113,7 @@ def test_monthly_token_quota_counts_the_tenants_month_and_names_its_end(clock, t
 
 def test_a_budget_reserves_the_worst_case_and_settles_to_the_cost(clock, tenant_factory, tier_factory, auth_for,
                                                                   price_factory):
-    from billing.admission import get_admission_backend
+    from billing.counters import get_admission_backend
 
     price_factory(model=MODEL, input="1", cached="0.5", output="2", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
     # 1000 prompt tokens at $1/M + 1000 output at $2/M = $0.003 worst case; budget $0.005
@@ -117,7 +126,7 @@ def test_a_budget_reserves_the_worst_case_and_settles_to_the_cost(clock, tenant_
     assert "Limit $0.005, Used $0.003, Requested up to $0.003" in refused.value.message
     # it used 1000 prompt tokens (500 cached) and 100 output: $0.00075 + $0.0002
     admission_settle_records([finished(first, auth, prompt=1000, cached=500, completion=100)])
-    key = get_admission_backend().key("q", f"t{tenant.pk}", period_current(tz="UTC").label, "spend")
+    key = get_admission_backend().key(CounterKey.period_total(LimitScope.tenant(tenant.pk), _month(), SPEND))
     assert get_admission_backend().counter_get(key) == 950_000  # nano-dollars
     assert reserve(auth, prompt=1000, max_tokens=1000).reserved
 
@@ -126,8 +135,8 @@ def test_the_workers_overlapped_settlement_settles_as_the_direct_one_does(clock,
                                                                           auth_for, price_factory):
     """admission_settle_start (the worker: the counters' call started before its insert, finished after)
     leaves the counters where admission_settle_records does."""
-    from billing.admission import get_admission_backend
-    from billing.services.admission import admission_settle_start
+    from billing.counters import get_admission_backend
+    from billing.services.admission_settle import admission_settle_start
 
     price_factory(model=MODEL, input="1", cached="0.5", output="2", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))
     tenant = tenant_factory(tier=unlimited_tier(tier_factory, max_concurrent_requests=1),
@@ -140,7 +149,7 @@ def test_the_workers_overlapped_settlement_settles_as_the_direct_one_does(clock,
     first = reserve(auth, prompt=1000, max_tokens=1000)
     wait = admission_settle_start([finished(first, auth, prompt=1000, cached=500, completion=100)])
     assert started == [1] and wait() is True
-    key = backend.key("q", f"t{tenant.pk}", period_current(tz="UTC").label, "spend")
+    key = backend.key(CounterKey.period_total(LimitScope.tenant(tenant.pk), _month(), SPEND))
     assert backend.counter_get(key) == 950_000  # as in the direct settlement above
     second = reserve(auth, prompt=1000, max_tokens=1000)  # the one concurrency slot is free again
     assert admission_settle_start([finished(second, auth, prompt=1000, completion=1000)], overlap=False)() is True
@@ -149,7 +158,7 @@ def test_the_workers_overlapped_settlement_settles_as_the_direct_one_does(clock,
 
 
 def test_a_flushed_counter_is_rebuilt_from_the_ledger(clock, tenant_factory, tier_factory, auth_for, record_write):
-    from billing.admission import get_admission_backend
+    from billing.counters import get_admission_backend
 
     tenant = tenant_factory(tier=unlimited_tier(tier_factory, monthly_token_quota=10_000))
     auth = auth_for(tenant)
@@ -167,7 +176,7 @@ def test_keys_made_by_a_limited_key_share_its_quota_also_after_a_rebuild(clock, 
                                                                          api_key_factory, auth_for, record_write):
     """A limited key's keys count on its counters too (tenants.services.limits.key_scopes), and a counter rebuilt
     from the ledger (Redis restarted) counts the records of the keys it made (billing's `_key_family`)."""
-    from billing.admission import get_admission_backend
+    from billing.counters import get_admission_backend
     from tenants.services.api_keys import api_key_create_for
     from tenants.services.limits import limits_set
 
@@ -233,7 +242,7 @@ def test_budget_alerts_use_the_tenants_own_thresholds(clock, tenant_factory, tie
 
 def test_the_stale_sweep_settles_lost_reservations(clock, tenant_factory, tier_factory, auth_for, record_write,
                                                    settings):
-    from billing.services.admission import reservations_release_stale
+    from billing.services.admission_settle import reservations_release_stale
 
     settings.ADMISSION_HOLD_S = 100
     tenant = tenant_factory(tier=unlimited_tier(tier_factory, max_concurrent_requests=2, monthly_token_quota=10_000))
@@ -247,9 +256,9 @@ def test_the_stale_sweep_settles_lost_reservations(clock, tenant_factory, tier_f
     assert reservations_release_stale() == 0
     clock.now += 101
     assert reservations_release_stale() == 2
-    from billing.admission import get_admission_backend
+    from billing.counters import get_admission_backend
 
-    key = get_admission_backend().key("q", f"t{tenant.pk}", period_current(tz="UTC").label, "quota")
+    key = get_admission_backend().key(CounterKey.period_total(LimitScope.tenant(tenant.pk), _month(), QUOTA))
     assert get_admission_backend().counter_get(key) == 150  # the ended request's record; the lost one freed
     assert reserve(auth).reserved and reserve(auth).reserved
 

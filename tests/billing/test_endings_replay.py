@@ -51,7 +51,7 @@ def _record(request_id: str) -> dict:
 
 @pytest.mark.django_db
 def test_the_recorded_workload_bills_the_same_through_the_one_ending_path(recorded, settings, tmp_path):
-    from billing.services.admission_ledger import record_actual
+    from billing.services.admission_settle import record_actual
     from billing.services.settlement import Ending, ending_make
     from billing.services.usage import usage_records_insert
     from inference.worker.finish import endings_record

@@ -8,10 +8,11 @@ from datetime import date, datetime, timedelta, timezone
 
 import pytest
 
-from billing.admission.base import QUOTA, SPEND
+from billing.counters.base import QUOTA, SPEND
 from billing.ledger import BILLED, CHARGED, FIGURES, SUMS, cached_clamp, is_charged, ledger_totals
 from billing.models import UsageRecord
 from billing.periods import day_floor, hour_floor, local_midnight
+from tenants.services.limits import LimitScope
 
 OUTCOMES = [  # (finish reason, prompt, cached, completion)
     (reason, prompt, cached, completion)
@@ -50,7 +51,7 @@ def test_the_sums_and_the_admission_totals_are_the_records_sums(tenant, price_fa
     assert sums["cached_input_tokens"] == sum(r.cached_tokens for r in records)
     assert int(sums["cost_femtos"]) == sum(r.cost_femtos for r in records)
     start, end = min(r.created_at for r in records), max(r.created_at for r in records) + timedelta(seconds=1)
-    totals = ledger_totals(scope=f"t{tenant.pk}", start=start, end=end)
+    totals = ledger_totals(scope=LimitScope.tenant(tenant.pk), start=start, end=end)
     charged = [r for r in records if is_charged(finish_reason=r.finish_reason, completion_tokens=r.completion_tokens)]
     assert totals[QUOTA] == sum(r.prompt_tokens + r.completion_tokens for r in charged)
     assert totals[SPEND] == sum(-(-r.cost_femtos // 10**6) for r in records)

@@ -26,6 +26,7 @@ from billing.periods import month_parse
 from billing.services.prices import EPOCH, price_create
 from billing.services.rollups import hourly_usage_fill
 from billing.services.usage import usage_records_insert
+from tenants.services.limits import LimitScope
 from tests.conftest import bearer
 
 UTC = timezone.utc
@@ -77,8 +78,8 @@ def costs_api_days(api_client, key, start: datetime, days: int) -> dict[int, Dec
 
 
 def check_everything(api_client, tenant, key, costs, *, start: datetime, days: int, now: datetime) -> None:
-    from billing.admission.base import SPEND
-    from billing.services.admission_ledger import ledger_totals
+    from billing.counters.base import SPEND
+    from billing.ledger import ledger_totals
     from billing.services.invoices import invoice_draft_refresh
     from dashboard.selectors.console import spend_by_tenant
     from billing.selectors import days_between
@@ -103,7 +104,7 @@ def check_everything(api_client, tenant, key, costs, *, start: datetime, days: i
     if days < 28:  # the month so far of a day's test is that day
         assert overview.spend_usd == Decimal(total).scaleb(-15)
     assert spend_by_tenant(start=start, end=end)[tenant.pk] == total
-    spend = ledger_totals(scope=f"t{tenant.pk}", kinds=(SPEND,), start=start, end=end)[SPEND]
+    spend = ledger_totals(scope=LimitScope.tenant(tenant.pk), kinds=(SPEND,), start=start, end=end)[SPEND]
     assert spend == sum(-(-sum(cost) // 10**6) for cost in costs)  # each record rounded up to a nano-dollar
     invoice = invoice_draft_refresh(tenant=tenant, period=month_parse(label=f"{start:%Y-%m}", tz=tenant.timezone),
                                     now=now)
@@ -175,16 +176,16 @@ def test_a_record_at_the_highest_price_multiplier_and_context_is_stored_exactly(
     assert (record.input_cost_femtos, record.cached_input_cost_femtos, record.output_cost_femtos) == want
     assert record.cost_femtos == sum(want) > 2 * 10**25  # 2.1e10 USD
     assert usd_str(record.cost_femtos) == format(Decimal(longest) * Decimal("0.01") * Decimal("999.999"), "f")
-    from billing.admission.base import QUOTA, SPEND
-    from billing.services.admission_ledger import ledger_totals
+    from billing.counters.base import QUOTA, SPEND
+    from billing.ledger import ledger_totals
 
-    totals = ledger_totals(scope=f"t{tenant.pk}", start=at, end=at + timedelta(days=1))
+    totals = ledger_totals(scope=LimitScope.tenant(tenant.pk), start=at, end=at + timedelta(days=1))
     assert totals == {QUOTA: longest, SPEND: -(-sum(want) // 10**6)}
     # the columns hold a longest prompt plus an answer past it: the ledger's token sum does not overflow either
     usage_records_insert([dict(request_id="huge-2", tenant_id=tenant.pk, api_key_id=None, model="huge",
                                tier=tenant.tier.name, prompt_tokens=longest, cached_tokens=0,
                                completion_tokens=completion, finish_reason="length", admitted_at=at, created_at=at)])
-    totals = ledger_totals(scope=f"t{tenant.pk}", kinds=(QUOTA,), start=at, end=at + timedelta(days=1))
+    totals = ledger_totals(scope=LimitScope.tenant(tenant.pk), kinds=(QUOTA,), start=at, end=at + timedelta(days=1))
     assert totals == {QUOTA: 2 * longest + completion}
     UsageRecord.objects.filter(request_id="huge-2").delete()
     hourly_usage_fill(now=at + timedelta(days=1))

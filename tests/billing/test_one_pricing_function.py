@@ -6,7 +6,7 @@ the product's Python files (their syntax trees, not their text) and fails where 
   reservation (the same rule applied to the most a request may use, before it runs: not a request's cost);
 - the pricing function (`usage_cost`) is called by billing only: where a request ends (settlement.ending_make,
   which the worker calls) and the read-side fallbacks for a record given without its price (costs.usage_rows_cost,
-  admission_ledger.record_actual). The worker, the API and the metrics never price.
+  admission_settle.record_actual). The worker, the API and the metrics never price.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("billing", "inference", "tenants", "dashboard", "common", "platform_site", "kernels")
 PRICE_FIELDS = {"input_picos", "cached_input_picos", "output_picos", "multiplier_milli"}
 ARITHMETIC = {"billing/money.py"}
-RULE_CALLERS = {"billing/services/costs.py", "billing/services/admission.py"}
-PRICING_CALLERS = {"billing/services/costs.py", "billing/services/settlement.py", "billing/services/admission_ledger.py"}
+RULE_CALLERS = {"billing/services/costs.py", "billing/services/admission_plan.py"}
+PRICING_CALLERS = {"billing/services/costs.py", "billing/services/settlement.py", "billing/services/admission_settle.py"}
 
 
 def product_modules() -> dict[str, ast.AST]:

@@ -183,9 +183,9 @@ def test_a_request_for_a_model_without_a_valid_price_is_503_not_500(served_model
 @pytest.mark.django_db
 def test_a_record_that_cannot_be_priced_stays_spooled_its_reservation_settled(tmp_path, monkeypatch, tier_factory,
                                                                              tenant_factory, caplog):
-    from billing.admission import get_admission_backend, reset_admission_backend
-    from billing.admission.memory import MemoryAdmission
-    from billing.services.admission import aadmission_reserve
+    from billing.counters import get_admission_backend, reset_admission_backend
+    from billing.counters.memory import MemoryAdmission
+    from billing.services.admission_reserve import aadmission_reserve
     from billing.services.settlement import Ending
     from billing.services.prices import price_retire
     from inference.worker import spool as spool_module
@@ -205,13 +205,13 @@ def test_a_record_that_cannot_be_priced_stays_spooled_its_reservation_settled(tm
                  effective_from=EPOCH)
     bad = Price.objects.only("pk").get(pk=bad_row("zz", bad_values()[0]))  # (its amounts cannot be loaded)
 
-    def admitted(request_id: str, model: str) -> dict:
+    def admitted(request_id: str, model: str) -> Ending:
         async_to_sync(aadmission_reserve)(auth=auth, request_id=request_id, model=model, prompt_tokens=100,
                                           max_tokens=50)
         at = datetime.now(timezone.utc)
         return Ending(request_id=request_id, tenant_id=tenant.pk, api_key_id=None, model=model, tier=tier.name,
                       prompt_tokens=100, cached_tokens=0, completion_tokens=50, finish_reason="stop",
-                      admitted_at=at.timestamp(), created_at=at.timestamp()).to_json()  # (its price unread: bad)
+                      admitted_at=at.timestamp(), created_at=at.timestamp())  # (its price unread: bad)
 
     spool = spool_module.Spool(tmp_path, EndingsSink())
     try:

@@ -100,3 +100,27 @@ def new_page(browser, site, request):
 def screenshot(page, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def member_key(new_page, name: str) -> str:
+    """A key `acme-member` creates on the dashboard's keys page (its secret, shown once)."""
+    member = new_page("acme-member")
+    member.goto("/dashboard/acme/keys/")
+    member.fill("input[name=name]", name)
+    member.click("#create-key [type=submit]")
+    return member.inner_text("#new-key-secret")
+
+
+def long_completion(site, key: str):
+    """A function that makes one completion of 160 tokens with `key`: long enough that a queue of a few of them
+    stays up across several of the console's 3 s refreshes (8 requests of 40 tokens were all served between two)."""
+    import httpx
+
+    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Count to fifty."}],
+            "max_tokens": 160, "ignore_eos": True}
+
+    def call() -> None:
+        httpx.post(f"{site['url']}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"},
+                   timeout=300)
+
+    return call

@@ -12,7 +12,7 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import long_completion, member_key, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
@@ -168,20 +168,8 @@ def _depths(page) -> int:
 
 def test_operator_sees_a_live_worker_and_the_queue_move(new_page, site):
     page = new_page("admin", site["admin_password"], admin=True)
-    member = new_page("acme-member")
-    member.goto("/dashboard/acme/keys/")
-    member.fill("input[name=name]", "load")
-    member.click("#create-key [type=submit]")
-    key = member.inner_text("#new-key-secret")
-    # long enough that the queue stays up for several of the console's 3 s refreshes: on a quiet machine 8 requests
-    # of 40 tokens were all served between two refreshes, and the depth was never seen above 0
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 160,
-            "ignore_eos": True}
-
-    def call():
-        httpx.post(f"{site['url']}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"},
-                   timeout=300)
-
+    key = member_key(new_page, "load")
+    call = long_completion(site, key)
     call()  # starts the embedded worker and loads the model
     page.goto("/admin/console/")
     page.wait_for_selector("#workers tbody tr")

@@ -10,10 +10,9 @@ import threading
 import zoneinfo
 from datetime import date, datetime, timedelta
 
-import httpx
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import long_completion, member_key, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
@@ -199,18 +198,8 @@ def _series(page, chart: str) -> list[list]:
 def test_console_charts_rise_under_load_and_settle_back_to_zero(new_page, site):
     page = new_page("admin", site["admin_password"], admin=True)
     errors = watch(page)
-    member = new_page("acme-member")
-    member.goto("/dashboard/acme/keys/")
-    member.fill("input[name=name]", "charts-load")
-    member.click("#create-key [type=submit]")
-    key = member.inner_text("#new-key-secret")
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 160,
-            "ignore_eos": True}
-
-    def call():
-        httpx.post(f"{site['url']}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"},
-                   timeout=300)
-
+    key = member_key(new_page, "charts-load")
+    call = long_completion(site, key)
     call()  # starts the embedded worker and loads the model
     page.goto("/admin/console/")
     charts_drawn(page, CONSOLE_CHARTS)

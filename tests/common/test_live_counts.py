@@ -13,16 +13,16 @@ from common.outage import Outage
 
 @pytest.fixture
 def counts_on(settings):
-    """live_counts pointed at `url`, with a fresh client and outage state; restored after."""
-    saved = live_counts._client, getattr(live_counts, "_outage", None)
+    """live_counts pointed at `url` (common.figures_redis makes a client for a changed URL), with a fresh
+    outage state; restored after."""
+    saved = live_counts._outage
 
     def point(url: str) -> None:
         settings.REDIS_URL = url
-        live_counts._client = None
 
     live_counts._outage = Outage(live_counts.logger, "live counts (Redis)")
     yield point
-    live_counts._client, live_counts._outage = saved
+    live_counts._outage = saved
 
 
 def test_an_outage_is_logged_once_and_its_end_once(counts_on, caplog):

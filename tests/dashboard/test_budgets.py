@@ -15,9 +15,9 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
-from billing.admission import reset_admission_backend
-from billing.admission.memory import MemoryAdmission
-from billing.services.admission import aadmission_reserve
+from billing.counters import reset_admission_backend
+from billing.counters.memory import MemoryAdmission
+from billing.services.admission_reserve import aadmission_reserve
 from billing.services.price_cache import price_cache_clear
 from common.errors import InsufficientQuota
 from tenants.services.api_keys import AuthContext

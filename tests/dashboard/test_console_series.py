@@ -33,15 +33,12 @@ def store(request, settings):
     else:
         settings.REDIS_URL = ""
         queue = MemoryJobQueue()
-    saved = timeline._client, live_counts._client
-    timeline._client = live_counts._client = None
-    timeline.timeline_clear()
+    timeline.timeline_clear()  # (common.figures_redis makes a client for the URL set here)
     live_counts.live_counts_clear()
     yield queue
     timeline.timeline_clear()
     live_counts.live_counts_clear()
     queue.flush()
-    timeline._client, live_counts._client = saved
 
 
 def record(ttft: float | None = 0.2, finish_reason: str = "stop") -> dict:
@@ -117,8 +114,6 @@ def test_ttft_percentiles_within_one_bin_of_the_exact_ones():
 
 def test_a_redis_outage_drops_points_and_fails_nothing(settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
-    saved = timeline._client, live_counts._client
-    timeline._client = live_counts._client = None
     try:
         timeline.requests_add([record()])
         timeline.worker_sample(queue=MemoryJobQueue(), worker_id="w", model="m", engine_stats=None, tok_s=0)
@@ -126,15 +121,14 @@ def test_a_redis_outage_drops_points_and_fails_nothing(settings):
         assert all(p["requests_per_s"] == 0 and p["queue_depth"] is None for p in series["points"])
         assert all(not e["errors"] and not e["refusals"] for e in series["events"])
         tries = []
-        real = timeline._redis
-        timeline._redis = lambda: tries.append(1) or real()
+        real = timeline.figures_redis
+        timeline.figures_redis = lambda: tries.append(1) or real()
         for _ in range(20):  # a finisher's steps while Redis is away: one try per RETRY_S, not a timeout each
             timeline.requests_add([record()])
         assert tries == []
     finally:
-        timeline._client, live_counts._client = saved
         if "real" in locals():
-            timeline._redis = real
+            timeline.figures_redis = real
         timeline._retry_at = 0.0
         timeline._outage.ok()
 

@@ -21,7 +21,8 @@ import uuid
 async def _hold(slug: str) -> None:
     from asgiref.sync import sync_to_async
 
-    from billing.services.admission import AdmissionLease, aadmission_reserve
+    from billing.services.admission_lease import AdmissionLease
+    from billing.services.admission_reserve import aadmission_reserve
     from tenants.models import Tenant
     from tenants.services.api_keys import AuthContext
 

@@ -20,7 +20,9 @@ import uuid
 
 import pytest
 
-from billing.admission.base import Actual, Plan, Slot
+from billing.counters.base import Actual, Plan, Slot
+from billing.counters.keys import CounterKey
+from tenants.services.limits import LimitScope
 from tests.e2e.processes import Proc, manage, postgres_database_reset, process_env, servers_required, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -35,7 +37,7 @@ def stack(tmp_path_factory):
     servers_required(database_url=DATABASE_URL, redis_url=REDIS_URL)
     import psycopg
 
-    from billing.admission.redis_backend import RedisAdmission
+    from billing.counters.redis_backend import RedisAdmission
 
     prefix = f"lease-{uuid.uuid4().hex[:8]}"
     postgres_database_reset(DATABASE_URL)
@@ -56,7 +58,7 @@ def _slot_free(stack) -> bool:
     """Whether the tenant's one slot admits a request now (given straight back when it does)."""
     admission = stack["admission"]
     request_id = uuid.uuid4().hex
-    slot = Slot(admission.key("cc", f"t{stack['tenant_id']}"), 1)
+    slot = Slot(admission.key(CounterKey.concurrency(LimitScope.tenant(stack['tenant_id']))), 1)
     if not admission.admit(Plan(request_id=request_id, slots=(slot,), hold_s=60)).admitted:
         return False
     admission.settle(request_id, Actual())

@@ -6,7 +6,7 @@ the events from the Redis channel layer, as the API does.
   then worker B starts, and A is killed with SIGKILL. B reaps A: the two
   unstarted jobs are requeued and B serves them to the end; the two started
   ones end with an error event. Each request has exactly one usage record.
-- Every job holds a concurrency slot (billing.admission, as the web admits it):
+- Every job holds a concurrency slot (billing.counters, as the web admits it):
   after the kill, the reaper's error records and B's finished ones give all of
   them back.
 - B gets SIGTERM while it streams a job: it finishes that job, takes no new
@@ -25,7 +25,9 @@ import uuid
 
 import pytest
 
-from billing.admission.base import Plan, Slot
+from billing.counters.base import Plan, Slot
+from billing.counters.keys import CounterKey, reservation_key
+from tenants.services.limits import LimitScope
 from tests.e2e.processes import (
     MODEL, Proc, database_prepare, postgres_database_reset, process_env, usage_records, wait_until, worker_start,
 )
@@ -62,7 +64,7 @@ def stack(tmp_path_factory):
         pytest.skip(problem)
     import psycopg
 
-    from billing.admission.redis_backend import RedisAdmission
+    from billing.counters.redis_backend import RedisAdmission
     from inference.queue.redis_backend import RedisJobQueue
 
     tmp = tmp_path_factory.mktemp("worker_kill")
@@ -158,7 +160,7 @@ async def test_sigkill_requeues_unstarted_fails_started_and_sigterm_drains(stack
     # A's engine, leased but unstarted, while B loads.
     jobs = [job_for(stack, await events.channel(), max_tokens=n) for n in (1000, 1000, 48, 48)]
     admission = stack["admission"]
-    slot = Slot(admission.key("cc", f"t{stack['tenant_id']}"), 4)
+    slot = Slot(admission.key(CounterKey.concurrency(LimitScope.tenant(stack['tenant_id']))), 4)
     for job in jobs:  # admitted as the web admits them: one slot each, settled when the request ends
         assert admission.admit(Plan(request_id=job.request_id, slots=(slot,))).admitted
         job.reservation_id = job.request_id
@@ -193,7 +195,8 @@ async def test_sigkill_requeues_unstarted_fails_started_and_sigterm_drains(stack
     assert {w["worker_id"] for w in queue.live_workers(MODEL)} == {"worker-b"}
     assert queue.leases("worker-a") == {}
     assert admission.redis.zcard(slot.key) == 0  # the reaped and the requeued requests gave their slots back
-    assert admission.stale_reservations() == [] and not admission.redis.exists(admission.key("res", jobs[0].request_id))
+    assert admission.stale_reservations() == []
+    assert not admission.redis.exists(reservation_key(admission.prefix, jobs[0].request_id))
 
     # SIGTERM: B finishes the job it streams, leaves the next one queued, exits 0.
     running = job_for(stack, await events.channel(), max_tokens=40)

@@ -38,7 +38,7 @@ def engine_settings(settings):
 
 
 def test_the_factory_sizes_the_cache_from_the_free_figure_and_exports_it(db, engine_settings):
-    from inference.metrics.engine import EngineMetrics
+    from inference.metrics.engine_stats import EngineMetrics
     from inference.worker.engine_factory import engine_build
 
     engine_settings.ENGINE_FREE_MEMORY_MB = 2400

@@ -13,10 +13,10 @@ from inference.api.job_run import EventsLost, JobRun
 from inference.api.replies import Mailbox
 from inference.protocol import Delta, Done, Usage
 from inference.worker.events import EventSink
-from inference.worker.spool import ConnectionLost, Spool
+from inference.worker.spool import ConnectionLost, DictSink, Spool
 
 
-class FnSink:
+class FnSink(DictSink):
     """A spool sink (inference.worker.spool.SpoolSink) of test functions: `write(rows)`, and `settle(rows)` run
     when the spool waits for the settlement it started (or `settle_start(rows)` itself)."""
 
@@ -316,8 +316,8 @@ def test_a_reply_channel_is_judged_dead_only_after_its_key_is_gone_for_the_timeo
     from inference.worker.listeners import ReplyWatch
 
     alive = {"a", "b"}
-    queue = SimpleNamespace(reply_channels_alive=lambda channels: channels & alive)
-    watch = ReplyWatch(queue=queue, timeout=3.0)
+    replies = SimpleNamespace(reply_channels_alive=lambda channels: channels & alive)
+    watch = ReplyWatch(replies=replies, timeout=3.0)
     active = {rid: SimpleNamespace(job=SimpleNamespace(reply_channel=ch), aborting=False)
               for rid, ch in (("r1", "a"), ("r2", "b"), ("r3", "b"))}
     assert watch.unheard(active, 0.0) == (set(), set())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from inference.metrics.engine import EngineMetrics
+from inference.metrics.engine_stats import EngineMetrics
 from inference.metrics.gateway import handler_name, http_metrics
 from inference.metrics.requests import billed_observe, requests_observe
 

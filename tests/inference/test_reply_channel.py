@@ -15,6 +15,7 @@ from channels.layers import InMemoryChannelLayer
 from inference.api.job_run import JobRun
 from inference.api.replies import ReplyChannel, reply_channel_get
 from inference.protocol import BATCH, Batch, Delta, Done, Usage
+from inference.serving import get_worker_pool
 from inference.worker.events import EventSink
 from tests.inference.queue_helpers import REDIS_TEST_URL, require_redis
 
@@ -231,7 +232,8 @@ async def test_the_sink_hands_an_in_process_reply_channel_its_batch_directly(set
     reply = await reply_channel_get(layer)
     first = JobRun(reply=reply, request_id="req-p", model="m")
     second = JobRun(reply=reply, request_id="req-q", model="m")
-    sink = EventSink(layer, loop=asyncio.get_running_loop())
+    # built as the embedded pool builds its engine's sink: given the reply channels this process opens
+    sink = EventSink(layer, loop=asyncio.get_running_loop(), local=get_worker_pool().receivers)
     await asyncio.to_thread(sink.send_many, [(reply.name, delta("req-p", "a")), (reply.name, delta("req-q", "b"))])
     await asyncio.to_thread(sink.send_many, [(reply.name, delta("req-p", "c")), (reply.name, done("req-p", 2)),
                                               (reply.name, done("req-q", 1))])
@@ -242,10 +244,30 @@ async def test_the_sink_hands_an_in_process_reply_channel_its_batch_directly(set
     sink.close()
 
 
-async def test_send_many_with_a_wait_returns_once_the_events_are_delivered():
+async def test_a_sink_not_given_the_in_process_reply_channels_sends_through_the_layer(settings):
+    settings.EMBEDDED_WORKER = True  # the reply channel is an in-process one ...
+    sent = []
+
+    class Recording(InMemoryChannelLayer):
+        async def send(self, channel, message):
+            sent.append(channel)
+            await super().send(channel, message)
+
+    reply = await reply_channel_get(Recording())
+    run = JobRun(reply=reply, request_id="req-s", model="m")
+    sink = EventSink(reply.layer, loop=asyncio.get_running_loop())  # ... but this sink (a worker process's) has none
+    await asyncio.to_thread(sink.send_many, [(reply.name, delta("req-s", "a")), (reply.name, done("req-s", 1))])
+    assert await asyncio.to_thread(sink.flush, 5.0)
+    assert texts(await read_all(run)) == ["a", None]
+    assert sent == [reply.name]  # one batch, through the channel layer
+    sink.close()
+
+
+async def test_send_many_with_a_wait_returns_once_the_events_are_delivered(settings):
+    settings.EMBEDDED_WORKER = True  # the embedded engine's sink, which hands the reply channel its batch
     reply = await reply_channel_get(InMemoryChannelLayer())
     run = JobRun(reply=reply, request_id="req-w", model="m")
-    sink = EventSink(reply.layer, loop=asyncio.get_running_loop())
+    sink = EventSink(reply.layer, loop=asyncio.get_running_loop(), local=get_worker_pool().receivers)
 
     def engine_thread() -> bool:
         sink.send_many([(reply.name, delta("req-w", "first"))], wait_s=5.0)

@@ -300,10 +300,10 @@ def test_drain_finishes_running_work_and_takes_no_more(engine, harness_factory, 
 def held_records(monkeypatch):
     """(writing, gate, sizes): the finisher's usage-record writes set `writing`, then wait until the
     test sets `gate`; `sizes` gets the number of records of each write."""
-    from inference.worker import finisher
+    from inference.worker import ending_thread
 
     writing, gate, sizes = threading.Event(), threading.Event(), []
-    write = finisher.endings_record
+    write = ending_thread.endings_record
 
     def held(records):
         sizes.append(len(records))
@@ -311,7 +311,7 @@ def held_records(monkeypatch):
         assert gate.wait(60)
         return write(records)
 
-    monkeypatch.setattr(finisher, "endings_record", held)
+    monkeypatch.setattr(ending_thread, "endings_record", held)
     return writing, gate, sizes
 
 

@@ -275,14 +275,14 @@ def test_a_child_key_gets_its_creators_ceilings(api_key_factory, tenant):
 
 @pytest.mark.django_db
 def test_a_child_key_counts_on_its_creators_ceilings_too(api_key_factory, tenant):
-    from tenants.services.limits import key_scopes
+    from tenants.services.limits import LimitScope, key_scopes
 
     creator = _limited(api_key_factory, tenant, requests_per_minute=2, monthly_token_quota=10_000)
     child = api_key_create_for(creator=creator, name="child").api_key
     grandchild = api_key_create_for(creator=child, name="grandchild").api_key
-    assert [scope.scope for scope in key_scopes(api_key=creator)] == [f"k{creator.pk}"]
+    assert [scope.scope for scope in key_scopes(api_key=creator)] == [LimitScope.key(creator.pk)]
     assert [scope.scope for scope in key_scopes(api_key=grandchild)] == [
-        f"k{grandchild.pk}", f"k{child.pk}", f"k{creator.pk}"]
+        LimitScope.key(grandchild.pk), LimitScope.key(child.pk), LimitScope.key(creator.pk)]
     assert all(scope.requests_per_minute == 2 and scope.monthly_token_quota == 10_000
                for scope in key_scopes(api_key=grandchild))
     unlimited = api_key_factory(tenant=tenant).api_key

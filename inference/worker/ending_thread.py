@@ -1,5 +1,5 @@
-"""The finisher: the usage records, done events and lease releases of the requests the engine
-finished, from a thread of its own.
+"""The worker's ending thread (`Finisher`): the usage records, done events and lease releases of the
+requests the engine finished, from a thread of its own (what one ending is: inference.worker.finish).
 
 A usage record is a database round trip, slow at the tail; written on the
 engine thread it would stall every stream's next token. So the loop hands each

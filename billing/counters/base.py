@@ -11,7 +11,7 @@ by its budget has consumed none of its rate limits.
   TAT stays within `window_s` of now. A refund moves it back.
 - `Slot`: a concurrency limit; the request holds one slot until it settles
   (or until `hold_s` passes, the longest a request can live).
-- `Counter`: a period's quota or budget (tokens, nano-dollars) holding the
+- `Counter`: a period's quota or budget (tokens, nano-dollars: billing.counters.units) holding the
   settled usage of the period plus the open reservations. A counter that is
   missing (new period, Redis flushed or restarted) refuses nothing and
   admits nothing: the admission answers `missing` and the caller seeds it
@@ -45,6 +45,9 @@ A count-only plan (`Plan.count_only`) takes its buckets and holds nothing:
 what a refused request costs (an oversize or malformed body counts one
 request against the key's requests per minute).
 
+Keys are opaque strings to the backends; the policy builds them from typed parts
+(`AdmissionBackend.key(CounterKey)`, billing.counters.keys).
+
 Backends keep time on one clock: Redis's `TIME` inside the script (every web
 process agrees), or the injected `clock` of the in-process backend.
 """
@@ -56,11 +59,9 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# Kinds of what a request takes: buckets count requests or tokens, counters tokens or spend.
-REQUESTS = "requests"
-TOKENS = "tokens"
-QUOTA = "quota"  # a period's tokens (prompt + completion)
-SPEND = "spend"  # a period's cost, nano-dollars
+# Kinds of what a request takes (named, with their units and keys, in billing.counters.keys)
+from .keys import CONCURRENCY, QUOTA, REQUESTS, SPEND, TOKENS, CounterKey  # noqa: F401 - re-exported
+
 _ACTUAL_KINDS = frozenset((TOKENS, QUOTA, SPEND))
 
 
@@ -128,7 +129,7 @@ class BucketState:
 class Refusal:
     """Which limit refused, and its numbers for the error message."""
 
-    kind: str  # REQUESTS, TOKENS, "concurrency", QUOTA or SPEND
+    kind: str  # REQUESTS, TOKENS, CONCURRENCY, QUOTA or SPEND
     key: str
     limit: int
     used: int
@@ -171,8 +172,9 @@ class AdmissionBackend(abc.ABC):
     prefix = ""  # keys of this backend start with it (Redis: a hash tag, one cluster slot)
     in_process = False  # its calls are a lock and a few dict operations: no round trip to wait for
 
-    def key(self, *parts: object) -> str:
-        return ":".join((self.prefix, *map(str, parts))) if self.prefix else ":".join(map(str, parts))
+    def key(self, counter: CounterKey) -> str:
+        """The key of `counter` in this backend (under its prefix)."""
+        return counter.render(self.prefix)
 
     @abc.abstractmethod
     def admit(self, plan: Plan) -> Decision:

@@ -2,7 +2,7 @@
 
 ARGV[1] of every script is the key prefix P (a hash tag such as "{lim}", so
 every key shares one slot). The keys a plan names are built by the caller
-under P (billing.services.admission):
+under P (billing.counters.keys):
 
   bucket key        string  the GCRA theoretical arrival time, unix seconds (expires when full)
   slot key          zset    request id -> expiry of its concurrency slot
@@ -17,7 +17,7 @@ under P (billing.services.admission):
   alert keys        string  set once per threshold and period (SET NX)
 
 Numbers are Lua doubles: times in seconds keep microseconds at today's epoch,
-and counters stay below 2^53 (spend is in nano-dollars: 9 million USD).
+and counters stay below 2^53 (spend is in nano-dollars: 9 million USD; billing.counters.units).
 Floats go back to Python as strings (Redis truncates Lua numbers to integers).
 """
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .base import (
-    Actual, AdmissionBackend, BucketState, CounterAfter, Decision, Plan, Refusal, TOKENS,
+    CONCURRENCY, TOKENS, Actual, AdmissionBackend, BucketState, CounterAfter, Decision, Plan, Refusal,
 )
 
 
@@ -94,7 +94,7 @@ class MemoryAdmission(AdmissionBackend):
                     del holders[rid]
                 if len(holders) >= slot.limit:
                     return Decision(admitted=False, refusal=Refusal(
-                        kind="concurrency", key=slot.key, limit=slot.limit, used=len(holders), requested=1,
+                        kind=CONCURRENCY, key=slot.key, limit=slot.limit, used=len(holders), requested=1,
                         retry_after_s=1.0))
             taken = []
             for bucket in plan.buckets:

@@ -22,6 +22,7 @@ from common.cache import TtlCache
 
 from . import redis_scripts as lua
 from .base import Actual, AdmissionBackend, AdmissionUnavailable, BucketState, CounterAfter, Decision, Plan, Refusal
+from .keys import slots_match
 
 SETTLE_CHUNK = 256  # requests per SETTLE call (Lua's unpack takes a few thousand values at most)
 ALERT_MEMO_S = 86400.0  # an alert key is per threshold and period: marked, it stays marked
@@ -232,7 +233,7 @@ class RedisAdmission(AdmissionBackend):
         try:
             reservations = int(self.redis.zcard(self.prefix + ":resdl"))
             pipe = self.redis.pipeline(transaction=False)
-            for key in self.redis.scan_iter(match=self.prefix + ":cc:*", count=1000):
+            for key in self.redis.scan_iter(match=slots_match(self.prefix), count=1000):
                 pipe.zcard(key)
             slots = sum(int(count) for count in pipe.execute())
         except redis.RedisError as exc:

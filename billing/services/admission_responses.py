@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .base import QUOTA, REQUESTS, SPEND, TOKENS, BucketState, Refusal
+from billing.counters.base import CONCURRENCY, QUOTA, REQUESTS, SPEND, TOKENS, BucketState, Refusal
+from billing.counters.units import nanos_usd
 
 
 def duration(seconds: float) -> str:
@@ -56,7 +57,7 @@ _RATE_NAMES = {REQUESTS: "requests per min (RPM)", TOKENS: "tokens per min (TPM)
 def rate_message(*, refusal: Refusal, model: str, scope_label: str) -> str:
     """OpenAI's wording: "... Limit 10000, Used 8554, Requested 3082. Please try again in 9.816s." """
     numbers = f"Limit {refusal.limit}, Used {refusal.used}, Requested {refusal.requested}."
-    if refusal.kind == "concurrency":
+    if refusal.kind == CONCURRENCY:
         return (f"Rate limit reached for {model} in {scope_label} on concurrent requests: {numbers} "
                 f"Please try again when one of them finishes.")
     where = f"Rate limit reached for {model} in {scope_label} on {_RATE_NAMES[refusal.kind]}: {numbers}"
@@ -79,9 +80,3 @@ def quota_message(*, refusal: Refusal, scope_label: str, period_label: str, peri
         raise ValueError(refusal.kind)
     return f"{what} The period ends at {period_end}; lower max_tokens or ask an owner to raise the limit."
 
-
-def nanos_usd(nanos: int) -> str:
-    """Nano-dollars as USD with 2 to 6 decimals, rounded up (a limit is never shown lower than what is used)."""
-    micros = -(-int(nanos) // 1000)
-    whole, frac = f"{micros // 1_000_000}.{micros % 1_000_000:06d}".rstrip("0").split(".")
-    return f"{whole}.{frac.ljust(2, '0')}"

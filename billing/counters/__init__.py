@@ -1,10 +1,11 @@
-"""Admission counters: rate limits, concurrency, quotas and budgets (base.AdmissionBackend).
+"""The admission counters' backends: rate limits, concurrency, quotas and budgets (base.AdmissionBackend).
 
-    from billing.admission import get_admission_backend
+    from billing.counters import get_admission_backend
     backend = get_admission_backend()   # Redis when settings.REDIS_URL is set, else in-process
 
-The policy (which limits apply to a request, the keys, the errors) lives in
-billing.services.admission; the backends only count.
+The backends only count. Their keys are built from typed parts in billing.counters.keys, money is in
+nano-dollars (billing.counters.units). The policy (which limits apply to a request, the errors) lives in
+billing.services.admission_plan and its siblings (admission_reserve, admission_lease, admission_settle).
 """
 
 from __future__ import annotations
