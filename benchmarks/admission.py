@@ -63,7 +63,7 @@ def _auth(tenant_id: int):
     from tenants.models import Tenant
     from tenants.services.api_keys import AuthContext
 
-    tenant = Tenant.objects.select_related("tier").get(pk=tenant_id)
+    tenant = Tenant.objects.select_related("tier", "budget").get(pk=tenant_id)  # as the verified-key rows
     return AuthContext(tenant=tenant, tier=tenant.tier, api_key=None)
 
 
@@ -304,7 +304,7 @@ def main() -> None:
     from django.db import connection
 
     from billing.counters.units import cost_femtos_to_nanos
-    from billing.models import Price
+    from billing.models import Price, TenantBudget
     from tenants.models import Tenant, Tier
 
     if not settings.REDIS_URL:
@@ -318,8 +318,11 @@ def main() -> None:
     made = []
 
     def tenant(**fields) -> int:
+        budget = fields.pop("monthly_spend_limit_micros", 0)
         made.append(Tenant.objects.create(slug=f"bench-admission-{tag}-{len(made)}", name="admission benchmark",
                                           tier=tier, **fields))
+        if budget:
+            TenantBudget.objects.create(tenant=made[-1], monthly_spend_limit_micros=budget)
         return made[-1].pk
 
     everything = dict(requests_per_minute=10**6, tokens_per_minute=10**9, max_concurrent_requests=10**4,

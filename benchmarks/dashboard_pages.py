@@ -68,6 +68,7 @@ def main() -> None:
 
     from billing.models import DailyUsage, HourlyUsage, Invoice, Price, UsageRecord
     from billing.periods import month_containing
+    from billing.services.budgets import operator_budget_set
     from billing.services.invoices import invoice_draft_refresh
     from billing.services.prices import EPOCH, price_create
     from billing.services.rollups import hourly_usage_fill
@@ -93,8 +94,8 @@ def main() -> None:
         args.keep = True
     else:
         tier = Tier.objects.order_by("pk").first() or Tier.objects.create(name=f"bench-{tag}")
-        tenant = tenant_create(slug=f"bench-dash-{tag}", name="dashboard benchmark", tier=tier,
-                               monthly_spend_limit_micros=500_000_000)
+        tenant = tenant_create(slug=f"bench-dash-{tag}", name="dashboard benchmark", tier=tier)
+        operator_budget_set(tenant=tenant, micros=500_000_000)
         tenant.timezone = args.timezone
         tenant.save(update_fields=["timezone"])
         keys = [api_key_create(tenant=tenant, name=f"bench-{i}").api_key for i in range(20)]

@@ -225,3 +225,5 @@ class InvoiceAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+from billing import budget_admin  # noqa: E402,F401  (the tenant's budget in tenants' admins)

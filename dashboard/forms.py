@@ -7,9 +7,9 @@ from decimal import Decimal
 
 from django import forms
 
+from billing.selectors import MAX_ALERT_PERCENT, MAX_ALERTS
 from dashboard.selectors.usage import MAX_RANGE_DAYS
 from tenants.models import ApiKey
-from tenants.services.limits import MAX_ALERT_PERCENT, MAX_ALERTS
 
 SCOPE_CHOICES = [(scope, scope) for scope in ApiKey.ALL_SCOPES]
 EARLIEST_DAY = date(2000, 1, 1)  # the usage filter's bounds: far dates would overflow the zone arithmetic (a 500)

@@ -65,12 +65,13 @@ class ChangeTierForm(forms.Form):
     tier = forms.ModelChoiceField(queryset=Tier.objects.all(), empty_label=None)
 
 
-def limits_table(*, tenant, api_key=None):
-    """The tier's value, the override, the effective limit and where it comes from (0: none)."""
+def limits_table(*, tenant, api_key=None, explain=limits_explain):
+    """The tier's value, the override, the effective limit and where it comes from (0: none). `explain`: billing's
+    admin passes its own (billing.services.budgets.limits_explain), which knows the tenant's budget."""
     rows = format_html_join(
         "", "<tr><td>{}</td><td>{}</td><td>{}</td><td><b>{}</b></td><td>{}</td></tr>",
         ((row.name, _shown(row.tier), _shown(row.override), _shown(row.effective) if row.effective else "none",
-          row.source) for row in limits_explain(tenant=tenant, api_key=api_key)),
+          row.source) for row in explain(tenant=tenant, api_key=api_key)),
     )
     override = "key" if api_key is not None else "tenant"
     return format_html("<table><tr><th>limit</th><th>tier</th><th>{}</th><th>effective</th><th>from</th></tr>{}</table>",
@@ -84,8 +85,7 @@ def _shown(value):
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = (
-        "name", "slug", "tier", "status", "timezone", "spend_limit_usd", "active_keys", "cache_share_group",
-        "created_at",
+        "name", "slug", "tier", "status", "timezone", "active_keys", "cache_share_group", "created_at",
     )
     list_filter = ("status", "tier", "created_at")
     search_fields = ("name", "slug")
@@ -93,12 +93,14 @@ class TenantAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ("name",)}
     inlines = (MembershipInline, ApiKeyInline)
     actions = ("change_tier", "suspend", "reactivate")
-    # the owners' own budget is theirs to set (dashboard, Limits & budget); the operator sets the cap
-    readonly_fields = ("owner_spend_limit_micros", "effective_limits")
+    # the tenant's budget is billing's: billing.budget_admin adds its inline and column to this admin
+    readonly_fields = ("effective_limits",)
+
+    explain = staticmethod(limits_explain)  # billing's admin puts the one that knows the budget
 
     @admin.display(description="effective limits")
     def effective_limits(self, obj):
-        return limits_table(tenant=obj) if obj.pk else "-"
+        return limits_table(tenant=obj, explain=self.explain) if obj.pk else "-"
 
     def get_queryset(self, request):
         active = Count("api_keys", filter=Q(api_keys__revoked_at__isnull=True))
@@ -107,11 +109,6 @@ class TenantAdmin(admin.ModelAdmin):
     @admin.display(description="active keys", ordering="_active_keys")
     def active_keys(self, obj):
         return obj._active_keys
-
-    @admin.display(description="operator's budget cap", ordering="monthly_spend_limit_micros")
-    def spend_limit_usd(self, obj):
-        micros = obj.monthly_spend_limit_micros
-        return "none" if not micros else f"${micros // 1_000_000:,}.{micros % 1_000_000 // 10_000:02d}"
 
     @admin.action(description="Change tier of selected tenants", permissions=["change"])
     def change_tier(self, request, queryset):
@@ -231,9 +228,11 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return ("tenant", "name", "public_id", "prefix", "last_four", "scopes", "expires_at", "created_by", "created_at",
                 "revoked_at", "last_used_at", *LIMIT_FIELDS, "effective_limits")
 
+    explain = staticmethod(limits_explain)  # billing's admin puts the one that knows the budget
+
     @admin.display(description="effective limits")
     def effective_limits(self, obj):
-        return limits_table(tenant=obj.tenant, api_key=obj)
+        return limits_table(tenant=obj.tenant, api_key=obj, explain=self.explain)
 
     @admin.display(description="status")
     def key_status(self, obj):

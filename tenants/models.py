@@ -63,15 +63,8 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=60, unique=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE, db_index=True)
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
-    # Two monthly budgets; the lower one that is set applies (tenants.services.limits.tenant_budget_micros).
-    # The operator's cap (admin, `limits_set --monthly-budget-usd`): the tenant's owners cannot change it.
-    monthly_spend_limit_micros = models.BigIntegerField(
-        default=0, validators=[MinValueValidator(0)],
-        help_text="Operator's monthly budget cap, micro-dollars; 0 means none")
-    # The tenant's own budget, which its owners set on the dashboard (Limits & budget).
-    owner_spend_limit_micros = models.BigIntegerField(
-        default=0, validators=[MinValueValidator(0)],
-        help_text="The tenant owners' own monthly budget (dashboard), micro-dollars; 0 means none")
+    # Its monthly budgets and budget alert thresholds are billing's (billing.models.TenantBudget).
+
     # Overrides of the tier's limits for this tenant (empty: the tier's; 0: no limit).
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the tier's")
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the tier's")
@@ -79,8 +72,6 @@ class Tenant(models.Model):
     monthly_token_quota = models.BigIntegerField(null=True, blank=True, help_text="Empty: the tier's; 0 means unlimited")
     # Tenants in the same non-empty group may share prefix-cache blocks (operator decision).
     cache_share_group = models.CharField(max_length=60, blank=True, default="")
-    # Percentages of the monthly budget at which the owners are e-mailed (empty: BUDGET_ALERT_PERCENTS).
-    budget_alert_percents = models.JSONField(default=list, blank=True, help_text="Empty: the platform's thresholds")
     created_at = models.DateTimeField(default=timezone.now)
     # Billing periods (invoices, budgets, quotas, dashboard days) start at local midnight here.
     # (Declared last: the name shadows django.utils.timezone inside this class body.)

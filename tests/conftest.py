@@ -50,13 +50,23 @@ def tier_factory(db):
     return make
 
 
+BUDGET_FIELDS = ("monthly_spend_limit_micros", "owner_spend_limit_micros", "budget_alert_percents")
+
+
 @pytest.fixture
 def tenant_factory(db, tier_factory):
     from tenants.models import Tenant
 
     def make(slug: str | None = None, tier=None, **fields):
+        """A tenant; its budget fields (billing.models.TenantBudget's) make its budget row when given."""
+        from billing.models import TenantBudget
+
         slug = slug or f"tenant-{next(_seq)}"
-        return Tenant.objects.create(slug=slug, name=fields.pop("name", slug), tier=tier or tier_factory(), **fields)
+        budget = {name: fields.pop(name) for name in BUDGET_FIELDS if name in fields}
+        tenant = Tenant.objects.create(slug=slug, name=fields.pop("name", slug), tier=tier or tier_factory(), **fields)
+        if budget:
+            TenantBudget.objects.create(tenant=tenant, **budget)
+        return tenant
 
     return make
 

@@ -2,7 +2,7 @@
 
 The rest of the platform keeps its own units, and each enters admission through one function here:
 
-- budgets are set in micro-dollars (tenants: `monthly_spend_limit_micros`): `budget_micros_to_nanos`,
+- budgets are set in micro-dollars (billing.models.TenantBudget, keys: `monthly_spend_limit_micros`): `budget_micros_to_nanos`,
   where a plan is built (billing.services.admission_plan);
 - costs are femto-dollars (billing.money, the usage records): `cost_femtos_to_nanos`, each request's cost
   rounded up to a whole nano-dollar (a counter is never below the ledger); the ledger's SQL sum rounds

@@ -18,12 +18,13 @@ def alert_percents(scope: LimitScope) -> tuple[int, ...]:
     def load() -> tuple[int, ...]:
         from django.conf import settings
 
-        from tenants.models import ApiKey, Tenant
+        from billing.models import TenantBudget
 
         if scope.is_key:
-            own = ApiKey.objects.filter(pk=scope.id).values_list("tenant__budget_alert_percents", flat=True).first()
+            rows = TenantBudget.objects.filter(tenant__api_keys__pk=scope.id)
         else:
-            own = Tenant.objects.filter(pk=scope.id).values_list("budget_alert_percents", flat=True).first()
+            rows = TenantBudget.objects.filter(tenant_id=scope.id)
+        own = rows.values_list("budget_alert_percents", flat=True).first()
         return tuple(sorted(own or settings.BUDGET_ALERT_PERCENTS))
 
     if not isinstance(scope, LimitScope):

@@ -24,7 +24,8 @@ from billing.counters.base import QUOTA, REQUESTS, SPEND, TOKENS, Bucket, Counte
 from billing.counters.keys import CounterKey
 from billing.counters.units import budget_micros_to_nanos, cost_femtos_to_nanos
 from billing.periods import Period, month_containing, period_after
-from tenants.services.limits import ScopeLimits, key_scopes, tenant_limits
+from billing.services.budgets import tenant_scope_limits
+from tenants.services.limits import ScopeLimits, key_scopes
 
 COUNTER_MARGIN_S = 7 * 86400  # a period's counters outlive it: late settlements still find them
 
@@ -53,8 +54,9 @@ def _period_after(period: Period) -> Period:
 
 # ---------------------------------------------------------------- the plan
 def request_scopes(*, auth) -> list[ScopeLimits]:
-    """The limits of a request's tenant and key (and of the keys that made it: limits.key_scopes)."""
-    return [tenant_limits(tenant=auth.tenant, tier=auth.tier), *key_scopes(api_key=auth.api_key)]
+    """The limits of a request's tenant (its budget: billing.services.budgets, read with the key's row) and key
+    (and of the keys that made it: limits.key_scopes)."""
+    return [tenant_scope_limits(tenant=auth.tenant, tier=auth.tier), *key_scopes(api_key=auth.api_key)]
 
 
 def worst_case_nanos(*, model: str, tier: str, prompt_tokens: int, max_tokens: int, snapshot) -> int:

@@ -34,6 +34,7 @@ from billing.services.admission_plan import (
     count_only_plan, period_current, plan_build, pricing_snapshot, request_scopes, worst_case_nanos,
 )
 from billing.services.admission_responses import quota_message, rate_message, ratelimit_headers, retry_after_headers
+from billing.services.budgets import abudget_ensure
 from common.errors import InsufficientQuota, RateLimited, ServiceUnavailable
 from common.live_counts import REFUSALS, count_event
 from common.outage import Outage
@@ -75,6 +76,7 @@ async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens
     if not settings.ADMISSION_ENABLED:
         return Admission(request_id=request_id)
     tenant, api_key = auth.tenant, auth.api_key
+    await abudget_ensure(tenant)  # no query: the verified-key row brought it (billing.services.budgets)
     scopes = request_scopes(auth=auth)
     spend_nanos = None
     if any(limits.monthly_spend_limit_micros for limits in scopes):
@@ -135,6 +137,7 @@ async def aadmission_count_request(*, auth, request_id: str) -> dict[str, str]:
     if not settings.ADMISSION_ENABLED:
         return {}
     backend = get_admission_backend()
+    await abudget_ensure(auth.tenant)
     plan = count_only_plan(backend=backend, request_id=request_id, scopes=request_scopes(auth=auth))
     if plan.empty:
         return {}

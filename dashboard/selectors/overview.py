@@ -8,10 +8,10 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from billing.selectors import (Period, admission_used, days_between, femtos_to_usd, month_containing, today_in,
-                               usage_by_day, usage_totals)
+from billing.selectors import (Period, admission_used, days_between, femtos_to_usd, limits_explain, month_containing,
+                               today_in, usage_by_day, usage_totals)
 from tenants.models import Tenant
-from tenants.services.limits import LimitSource, limits_explain
+from tenants.services.limits import LimitSource
 
 NANOS_PER_USD = 10**9
 

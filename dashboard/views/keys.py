@@ -15,15 +15,15 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from billing.selectors import alert_percents_forget
+from billing.selectors import (limits_explain, operator_budget_micros, own_alert_percents, owner_budget_micros,
+                               tenant_budget_micros)
+from billing.services.budgets import budget_alert_percents_set, owner_budget_set
 from common.errors import ApiError
 from dashboard.forms import ApiKeyCreateForm, BudgetAlertsForm, BudgetForm
 from dashboard.views.access import membership_or_404, require
 from tenants.selectors import api_key_get, api_key_list, api_key_status
 from tenants.services.api_keys import api_key_create, api_key_revoke
-from tenants.services.limits import (
-    budget_alert_percents_set, limits_explain, limits_set, owner_budget_set, tenant_budget_micros,
-)
+from tenants.services.limits import limits_set
 
 
 def _keys_page(request, membership, form, created=None):
@@ -85,7 +85,7 @@ def tenant_settings(request, slug: str):
     operator's cap is shown, never changed here: the lower of the two applies."""
     membership = membership_or_404(request, slug)
     tenant = membership.tenant
-    form = BudgetForm(initial={"monthly_budget_usd": _usd(tenant.owner_spend_limit_micros)})
+    form = BudgetForm(initial={"monthly_budget_usd": _usd(owner_budget_micros(tenant=tenant))})
     if request.method == "POST":
         require(membership.can_manage_settings)
         form = BudgetForm(request.POST)
@@ -106,16 +106,17 @@ def _usd(micros: int) -> Decimal | None:
 
 
 def _alerts_form(tenant) -> BudgetAlertsForm:
-    return BudgetAlertsForm(initial={"alert_percents": ", ".join(map(str, tenant.budget_alert_percents))})
+    return BudgetAlertsForm(initial={"alert_percents": ", ".join(map(str, own_alert_percents(tenant=tenant)))})
 
 
 def _settings_page(request, membership, form, alerts_form):
     tenant = membership.tenant
     return render(request, "dashboard/settings.html", {
         "membership": membership, "tenant": tenant, "page": "settings", "form": form, "alerts_form": alerts_form,
+        "own_alert_percents": own_alert_percents(tenant=tenant),
         "limits": limits_explain(tenant=tenant), "platform_alert_percents": settings.BUDGET_ALERT_PERCENTS,
-        "operator_budget_usd": _usd(tenant.monthly_spend_limit_micros),
-        "owner_budget_usd": _usd(tenant.owner_spend_limit_micros),
+        "operator_budget_usd": _usd(operator_budget_micros(tenant=tenant)),
+        "owner_budget_usd": _usd(owner_budget_micros(tenant=tenant)),
         "budget_usd": _usd(tenant_budget_micros(tenant=tenant)),
     })
 
@@ -128,9 +129,8 @@ def budget_alerts(request, slug: str):
     require(membership.can_manage_settings)
     form = BudgetAlertsForm(request.POST)
     if not form.is_valid():
-        budget = BudgetForm(initial={"monthly_budget_usd": _usd(membership.tenant.owner_spend_limit_micros)})
+        budget = BudgetForm(initial={"monthly_budget_usd": _usd(owner_budget_micros(tenant=membership.tenant))})
         return _settings_page(request, membership, budget, form)
     budget_alert_percents_set(tenant=membership.tenant, percents=form.cleaned_data["alert_percents"])
-    alert_percents_forget()
     messages.success(request, "Budget alerts saved.")
     return redirect("dashboard:settings", slug=slug)

@@ -221,8 +221,21 @@ def api_key_require_scope(*, api_key: ApiKey, scope: str) -> None:
 
 
 # ---------------------------------------------------------------- verify
+# Relations that the verified-key rows carry besides tenant__tier, registered by the apps above tenants at
+# start-up (billing: "tenant__budget", the tenant's budget row): what admission reads of a key's row then
+# comes with it, in the same query, and tenants never names another app.
+_row_relations: list[str] = []
+
+
+def key_row_relation_add(path: str) -> None:
+    """Have every verified-key row read `path` with it (select_related), from now on (an AppConfig.ready)."""
+    if path not in _row_relations:
+        _row_relations.append(path)
+        api_key_cache.api_key_cache_clear()
+
+
 def _lookup_queryset():
-    return ApiKey.objects.select_related("tenant__tier")
+    return ApiKey.objects.select_related("tenant__tier", *_row_relations)
 
 
 def _check(api_key: ApiKey | None, secret: str, now: datetime) -> AuthContext:

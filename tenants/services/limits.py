@@ -4,12 +4,10 @@ A tenant's limit is its override when set, else its tier's; 0 means no limit.
 A key's limits (empty unless set) apply on top of its tenant's, so a key per
 application can have a lower ceiling than the tenant; the stricter wins.
 
-A tenant has two monthly budgets: the operator's cap (`Tenant.monthly_spend_limit_micros`,
-set in the admin or with `limits_set --monthly-budget-usd`) and its owners' own
-(`Tenant.owner_spend_limit_micros`, set on the dashboard with `owner_budget_set`);
-the lower of those that are set applies (`tenant_budget_micros`), so an owner can
-lower the budget below the operator's cap but never lift or remove that cap. A key
-may have its own (`ApiKey.monthly_spend_limit_micros`) on top.
+A tenant's monthly budget is billing's (billing.models.TenantBudget: the operator's cap and the
+owners' own, the lower of those that are set applies; billing.services.budgets): billing passes it
+in (`tenant_limits(budget_micros=)`, `limits_explain(budget_micros=, budget_source=)`), and this
+module never imports billing. A key may have its own budget (`ApiKey.monthly_spend_limit_micros`) on top.
 """
 
 from __future__ import annotations
@@ -107,25 +105,13 @@ def _stricter(*values: int) -> int:
     return min((value for value in values if value > 0), default=0)
 
 
-def tenant_budget_micros(*, tenant) -> int:
-    """The tenant's monthly budget in force: the lower of the operator's cap and the owners' own (0: none)."""
-    return _stricter(int(tenant.monthly_spend_limit_micros or 0), int(tenant.owner_spend_limit_micros or 0))
-
-
-def tenant_budget_source(*, tenant) -> str:
-    """Which budget is in force: "operator", "owner" or "none" (equal budgets: the operator's)."""
-    effective = tenant_budget_micros(tenant=tenant)
-    if not effective:
-        return "none"
-    return "operator" if effective == int(tenant.monthly_spend_limit_micros or 0) else "owner"
-
-
-def tenant_limits(*, tenant, tier) -> ScopeLimits:
+def tenant_limits(*, tenant, tier, budget_micros: int = 0) -> ScopeLimits:
+    """The tenant's limits: its overrides, else its tier's; `budget_micros` is its budget in force (billing's)."""
     values = {}
     for name in TIER_FIELDS:
         override = getattr(tenant, name, None)
         values[name] = int(override if override is not None else getattr(tier, name) or 0)
-    return ScopeLimits(scope=LimitScope.tenant(tenant.pk), monthly_spend_limit_micros=tenant_budget_micros(tenant=tenant),
+    return ScopeLimits(scope=LimitScope.tenant(tenant.pk), monthly_spend_limit_micros=int(budget_micros or 0),
                        **values)
 
 
@@ -154,8 +140,11 @@ def key_scopes(*, api_key) -> list[ScopeLimits]:
     return [own, *(ScopeLimits(scope=LimitScope.key(key_id), **values) for key_id in lineage)]
 
 
-def limits_explain(*, tenant, api_key=None) -> list[LimitSource]:
-    """Every limit of `tenant` (and `api_key`): tier value, override, the effective one and where it comes from."""
+def limits_explain(*, tenant, api_key=None, budget_micros: int = 0, budget_source: str = "none") -> list[LimitSource]:
+    """Every limit of `tenant` (and `api_key`): tier value, override, the effective one and where it comes from.
+
+    The tenant's budget in force and its source ("operator", "owner" or "none") are billing's: pass them
+    (billing.services.budgets.limits_explain_budgeted does)."""
     tier = tenant.tier
     rows = []
     for name in LIMIT_FIELDS:
@@ -164,9 +153,9 @@ def limits_explain(*, tenant, api_key=None) -> list[LimitSource]:
             override = getattr(tenant, name, None)
             tenant_value = int(override if override is not None else tier_value or 0)
             source = "tenant" if override is not None else ("tier" if tier_value else "none")
-        else:  # the budget: the lower of the operator's cap and the owners' own
-            tenant_value = tenant_budget_micros(tenant=tenant)
-            override, source = tenant_value or None, tenant_budget_source(tenant=tenant)
+        else:  # the budget: billing's, passed in
+            tenant_value = int(budget_micros or 0)
+            override, source = tenant_value or None, (budget_source if tenant_value else "none")
         key_value = getattr(api_key, name, None) if api_key is not None else None
         effective = tenant_value
         if key_value is not None and key_value > 0 and (tenant_value == 0 or key_value < tenant_value):
@@ -203,50 +192,26 @@ def limits_set(*, tenant, api_key=None, values: dict[str, int], clear: list[str]
 
     `values` maps field names (LIMIT_FIELDS) to integers >= 0 (0: no limit;
     budgets in micro-dollars). Clearing a tenant's override falls back to its
-    tier (its budget to none); clearing a key's leaves only its tenant's.
-    A tenant's `monthly_spend_limit_micros` is the operator's cap; its owners'
-    own budget is set with `owner_budget_set` only.
+    tier; clearing a key's leaves only its tenant's. A tenant's budget is
+    billing's (billing.services.budgets.limits_set sets it, and calls this for the rest).
     The auth cache drops the row on save, so the next request sees the change.
     """
     target = api_key if api_key is not None else tenant
+    fields = LIMIT_FIELDS if api_key is not None else TIER_FIELDS
     changed = [*clear, *values]
     for name in clear:
-        if name not in LIMIT_FIELDS:
+        if name not in fields:
             raise ValueError(f"unknown limit {name!r}; one of {', '.join(LIMIT_OPTIONS)}")
         if name in values:
             raise ValueError(f"{name} is both set and cleared")
-        setattr(target, name, 0 if (target is tenant and name == "monthly_spend_limit_micros") else None)
+        setattr(target, name, None)
     for name, value in values.items():
-        if name not in LIMIT_FIELDS:
+        if name not in fields:
             raise ValueError(f"unknown limit {name!r}")
         if value is None or int(value) < 0:
             raise ValueError(f"{name} is a whole number >= 0 (0: no limit)")
         setattr(target, name, int(value))
-    target.full_clean()
-    target.save(update_fields=changed)  # only these: an admin's change to another column at the same time stays
+    if changed:
+        target.full_clean()
+        target.save(update_fields=changed)  # only these: an admin's change to another column at the same time stays
     return limits_explain(tenant=tenant, api_key=api_key)
-
-
-def owner_budget_set(*, tenant, micros: int) -> list[LimitSource]:
-    """Set the tenant owners' own monthly budget (micro-dollars; 0: none); the operator's cap stays as it is,
-    and the lower of the two applies. The effective limits after."""
-    if micros is None or int(micros) < 0:
-        raise ValueError("a budget is a whole number of micro-dollars >= 0 (0: none)")
-    tenant.owner_spend_limit_micros = int(micros)
-    tenant.full_clean()
-    tenant.save(update_fields=["owner_spend_limit_micros"])
-    return limits_explain(tenant=tenant)
-
-
-MAX_ALERT_PERCENT = 1000
-MAX_ALERTS = 10
-
-
-def budget_alert_percents_set(*, tenant, percents) -> list[int]:
-    """Set the tenant's budget alert thresholds (whole percentages 1..1000; empty: the platform's); sorted, unique."""
-    values = sorted({int(p) for p in percents})
-    if any(p < 1 or p > MAX_ALERT_PERCENT for p in values) or len(values) > MAX_ALERTS:
-        raise ValueError(f"at most {MAX_ALERTS} whole percentages from 1 to {MAX_ALERT_PERCENT}")
-    tenant.budget_alert_percents = values
-    tenant.save(update_fields=["budget_alert_percents"])
-    return values

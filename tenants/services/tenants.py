@@ -9,18 +9,15 @@ from common.errors import InvalidRequest
 from tenants.models import Membership, Tenant, Tier
 
 
-def tenant_create(*, slug: str, name: str, tier: Tier, monthly_spend_limit_micros: int = 0) -> Tenant:
+def tenant_create(*, slug: str, name: str, tier: Tier) -> Tenant:
+    """A new tenant on `tier`, with no budget (billing's: billing.services.budgets.operator_budget_set)."""
     if slugify(slug) != slug or not slug:
         raise InvalidRequest(f"Invalid slug {slug!r}: use lowercase letters, digits and hyphens.", param="slug")
     if not name.isprintable():
         raise InvalidRequest("The tenant name may not contain control characters.", param="name")
     if Tenant.objects.filter(slug=slug).exists():
         raise InvalidRequest(f"A tenant with slug {slug!r} already exists.", param="slug")
-    if monthly_spend_limit_micros < 0:
-        raise InvalidRequest("The spend limit cannot be negative.", param="monthly_spend_limit_micros")
-    return Tenant.objects.create(
-        slug=slug, name=name.strip() or slug, tier=tier, monthly_spend_limit_micros=monthly_spend_limit_micros
-    )
+    return Tenant.objects.create(slug=slug, name=name.strip() or slug, tier=tier)
 
 
 def tenant_change_tier(*, tenant: Tenant, tier: Tier) -> Tenant:

@@ -223,7 +223,7 @@ def test_budget_alerts_use_the_tenants_own_thresholds(clock, tenant_factory, tie
                                                       django_user_model, settings):
     from billing.selectors import alert_percents_forget
     from tenants.models import Membership
-    from tenants.services.limits import budget_alert_percents_set
+    from billing.services.budgets import budget_alert_percents_set
 
     settings.CELERY_TASK_ALWAYS_EAGER = True
     price_factory(model=MODEL, input="1", cached="1", output="1", effective_from=datetime(2020, 1, 1, tzinfo=timezone.utc))

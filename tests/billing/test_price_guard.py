@@ -159,7 +159,7 @@ def test_a_request_for_a_model_without_a_valid_price_is_503_not_500(served_model
     tier = tier_factory(allowed_models=["*"], max_output_tokens=64)
     plain = api_key_factory(tenant=tenant_factory(tier=tier)).key
     budgeted = api_key_factory(tenant=tenant_factory(tier=tier, monthly_spend_limit_micros=10**6)).key
-    assert Tenant.objects.filter(monthly_spend_limit_micros=10**6).exists()
+    assert Tenant.objects.filter(budget__monthly_spend_limit_micros=10**6).exists()
     body = json.dumps({"model": SERVED, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}).encode()
 
     async def post(key: str) -> httpx.Response:

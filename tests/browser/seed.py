@@ -26,6 +26,7 @@ from django.utils import timezone  # noqa: E402
 from billing.models import Price, UsageRecord  # noqa: E402
 from billing.money import cost_compute, multiplier_to_milli  # noqa: E402
 from billing.periods import month_containing  # noqa: E402
+from billing.services.budgets import operator_budget_set  # noqa: E402
 from billing.services.invoices import invoice_draft_refresh  # noqa: E402
 from billing.services.rollups import hourly_usage_fill  # noqa: E402
 from tenants.models import Tenant, Tier  # noqa: E402
@@ -38,8 +39,8 @@ PASSWORD = "browser-test-password-1"
 
 def seed_tenant(slug: str, tz: str, rng: random.Random, now) -> Tenant:
     tier = Tier.objects.get(name="pro")
-    tenant = Tenant.objects.create(slug=slug, name=slug.title(), tier=tier, timezone=tz,
-                                   monthly_spend_limit_micros=50_000_000)
+    tenant = Tenant.objects.create(slug=slug, name=slug.title(), tier=tier, timezone=tz)
+    operator_budget_set(tenant=tenant, micros=50_000_000)
     keys = [api_key_create(tenant=tenant, name=f"{slug}-app-{i}").api_key for i in range(2)]
     price = Price.objects.filter(model=MODEL).order_by("-effective_from").first()
     milli = multiplier_to_milli(tier.price_multiplier)

@@ -20,8 +20,10 @@ from billing.counters.memory import MemoryAdmission
 from billing.services.admission_reserve import aadmission_reserve
 from billing.services.price_cache import price_cache_clear
 from common.errors import InsufficientQuota
+from billing.models import TenantBudget
+from billing.services.budgets import (limits_explain, operator_budget_micros, owner_budget_micros,
+                                      tenant_scope_limits)
 from tenants.services.api_keys import AuthContext
-from tenants.services.limits import limits_explain, tenant_limits
 
 
 @pytest.fixture
@@ -47,7 +49,7 @@ def _save_budget(client, tenant, usd: str) -> None:
 
 def _budget_in_force(tenant) -> int:
     tenant.refresh_from_db()
-    return tenant_limits(tenant=tenant, tier=tenant.tier).monthly_spend_limit_micros
+    return tenant_scope_limits(tenant=tenant, tier=tenant.tier).monthly_spend_limit_micros
 
 
 def _reserve(tenant, *, prompt: int, max_tokens: int):
@@ -63,7 +65,7 @@ def test_an_owner_cannot_remove_or_lift_the_operators_cap(budget_tenant, member_
     owner = _owner(tenant, member_factory)
     _save_budget(owner, tenant, "")  # "no budget of my own"
     tenant.refresh_from_db()
-    assert tenant.monthly_spend_limit_micros == 10_000_000 and tenant.owner_spend_limit_micros == 0
+    assert operator_budget_micros(tenant=tenant) == 10_000_000 and owner_budget_micros(tenant=tenant) == 0
     assert _budget_in_force(tenant) == 10_000_000
     _save_budget(owner, tenant, "250")  # above the cap: the cap applies
     assert _budget_in_force(tenant) == 10_000_000
@@ -79,8 +81,7 @@ def test_an_owner_cannot_remove_or_lift_the_operators_cap(budget_tenant, member_
 
 def test_the_settings_page_shows_both_and_edits_only_the_owners(budget_tenant, member_factory):
     tenant = budget_tenant
-    tenant.monthly_spend_limit_micros, tenant.owner_spend_limit_micros = 10_000_000, 2_500_000
-    tenant.save()
+    TenantBudget.objects.create(tenant=tenant, monthly_spend_limit_micros=10_000_000, owner_spend_limit_micros=2_500_000)
     page = _owner(tenant, member_factory).get(reverse("dashboard:settings", args=[tenant.slug])).content.decode()
     assert 'id="operator-budget">10</td>' in page
     assert 'id="owner-budget">2.5</td>' in page and 'id="budget-in-force">2.5</td>' in page

@@ -5,7 +5,14 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from tenants.services.limits import limits_explain
+from billing.models import TenantBudget
+from billing.services.budgets import limits_explain
+
+
+def cap(tenant) -> int:
+    """The operator's budget cap, from the database (billing.models.TenantBudget; no row: none)."""
+    row = TenantBudget.objects.filter(tenant=tenant).first()
+    return row.monthly_spend_limit_micros if row else 0
 
 
 def run(*args) -> str:
@@ -24,7 +31,8 @@ def test_tenant_overrides_key_ceilings_and_clearing(tenant_factory, tier_factory
     out = run("--tenant", "acme", "--rpm", "3", "--monthly-budget-usd", "12.50", "--monthly-token-quota", "0")
     assert "requests_per_minute" in out and "from tenant" in out
     tenant.refresh_from_db()
-    assert (tenant.requests_per_minute, tenant.monthly_spend_limit_micros, tenant.monthly_token_quota) == (3, 12_500_000, 0)
+    assert (tenant.requests_per_minute, cap(tenant), tenant.monthly_token_quota) == (3, 12_500_000, 0)
+    assert effective(tenant)["monthly_spend_limit_micros"] == (12_500_000, "operator")
     assert effective(tenant)["requests_per_minute"] == (3, "tenant")
     assert effective(tenant)["tokens_per_minute"] == (40_000, "tier")
     assert effective(tenant)["monthly_token_quota"] == (0, "none")
@@ -39,7 +47,7 @@ def test_tenant_overrides_key_ceilings_and_clearing(tenant_factory, tier_factory
 
     run("--tenant", "acme", "--clear", "rpm", "monthly-budget-usd")
     tenant.refresh_from_db()
-    assert tenant.requests_per_minute is None and tenant.monthly_spend_limit_micros == 0
+    assert tenant.requests_per_minute is None and cap(tenant) == 0
     run("--tenant", "acme", "--key", key.prefix, "--clear", "rpm")
     key.refresh_from_db()
     assert key.requests_per_minute is None
@@ -69,12 +77,24 @@ def test_the_admin_shows_the_effective_limits(admin_client, tenant_factory, tier
 def test_setting_a_limit_writes_only_the_limits_it_names(tenant_factory, tier_factory):
     """A dashboard owner's budget change must not write back a stale copy of the row: an operator's tier change
     (or suspension) made meanwhile stays."""
+    from billing.services.budgets import limits_set
     from tenants.models import Tenant
-    from tenants.services.limits import limits_set
 
     tenant = tenant_factory(tier=tier_factory(name="free-x"))
     stale = Tenant.objects.get(pk=tenant.pk)  # the dashboard's copy, loaded at the start of its request
     Tenant.objects.filter(pk=tenant.pk).update(tier=tier_factory(name="pro-x"), status="suspended")
     limits_set(tenant=stale, values={"monthly_spend_limit_micros": 5_000_000})
     tenant.refresh_from_db()
-    assert (tenant.tier.name, tenant.status, tenant.monthly_spend_limit_micros) == ("pro-x", "suspended", 5_000_000)
+    assert (tenant.tier.name, tenant.status, cap(tenant)) == ("pro-x", "suspended", 5_000_000)
+    limits_set(tenant=stale, values={"requests_per_minute": 7})  # a rate limit: the tenant's row, that column only
+    tenant.refresh_from_db()
+    assert (tenant.tier.name, tenant.status, tenant.requests_per_minute, cap(tenant)) == ("pro-x", "suspended", 7,
+                                                                                          5_000_000)
+
+
+def test_tenants_limits_set_leaves_the_budget_to_billing(tenant_factory):
+    """tenants' own limits_set knows no budget of a tenant's (billing's); a key's budget is the key's column."""
+    from tenants.services.limits import limits_set
+
+    with pytest.raises(ValueError, match="unknown limit"):
+        limits_set(tenant=tenant_factory(), values={"monthly_spend_limit_micros": 1})

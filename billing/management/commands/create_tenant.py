@@ -1,12 +1,14 @@
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
+from billing.services.budgets import operator_budget_set
 from common.errors import ApiError
 from tenants.selectors import tier_get
 from tenants.services.tenants import tenant_create
 
 
 class Command(BaseCommand):
-    help = "Create a tenant on a tier."
+    help = "Create a tenant on a tier (and the operator's monthly budget cap: --spend-limit-usd)."
 
     def add_arguments(self, parser):
         parser.add_argument("--slug", required=True)
@@ -18,13 +20,13 @@ class Command(BaseCommand):
         tier = tier_get(name=options["tier"])
         if tier is None:
             raise CommandError(f"Unknown tier {options['tier']!r} (run `manage.py bootstrap` for the defaults).")
+        if options["spend_limit_usd"] < 0:
+            raise CommandError("The spend limit cannot be negative.")
         try:
-            tenant = tenant_create(
-                slug=options["slug"],
-                name=options["name"] or options["slug"],
-                tier=tier,
-                monthly_spend_limit_micros=options["spend_limit_usd"] * 1_000_000,
-            )
+            with transaction.atomic():
+                tenant = tenant_create(slug=options["slug"], name=options["name"] or options["slug"], tier=tier)
+                if options["spend_limit_usd"]:
+                    operator_budget_set(tenant=tenant, micros=options["spend_limit_usd"] * 1_000_000)
         except ApiError as exc:
             raise CommandError(exc.message) from exc
         self.stdout.write(f"Created tenant {tenant.slug} (id {tenant.pk}, tier {tier.name})")

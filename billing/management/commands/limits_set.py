@@ -1,8 +1,9 @@
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from tenants.services.limits import LIMIT_OPTIONS, limits_set, usd_to_micros
+from billing.services.budgets import limits_set
 from tenants.models import ApiKey, Tenant
+from tenants.services.limits import LIMIT_OPTIONS, usd_to_micros
 
 
 class Command(BaseCommand):
@@ -21,7 +22,7 @@ class Command(BaseCommand):
                             help=f"remove an override: {', '.join(LIMIT_OPTIONS)}")
 
     def handle(self, *args, **options):
-        tenant = Tenant.objects.select_related("tier").filter(slug=options["tenant"]).first()
+        tenant = Tenant.objects.select_related("tier", "budget").filter(slug=options["tenant"]).first()
         if tenant is None:
             raise CommandError(f"No tenant {options['tenant']!r}.")
         api_key = None
