@@ -33,9 +33,11 @@ migrate: install $(ENV_FILE)
 bootstrap: migrate
 	ENV_FILE=$(ENV_FILE) BASE_URL=http://$(HOST):$(PORT) $(PY) manage.py bootstrap
 
+# SERVE_MODELS=a,b: the models this process serves, an engine thread each (default: DEFAULT_MODEL alone);
+# add each first with `manage.py model_add NAME --source ...`.
 run: bootstrap
 	@echo "Serving on http://$(HOST):$(PORT)  (admin: http://$(HOST):$(PORT)/admin/)"
-	ENV_FILE=$(ENV_FILE) $(PY) -m uvicorn platform_site.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-max-size 2700000
+	ENV_FILE=$(ENV_FILE) $(if $(SERVE_MODELS),SERVE_MODELS=$(SERVE_MODELS)) $(PY) -m uvicorn platform_site.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-max-size 2700000
 
 worker: install
 	$(PY) manage.py run_worker --model smollm2-135m-instruct --device $${DEVICE-cpu}

@@ -19,6 +19,15 @@ class ServedModel(models.Model):
         help_text="Workers serve this model in batch-invariant mode: a seeded request gives the same tokens "
                   "whatever else runs beside it, at a throughput cost (BENCHMARKS.md). Applies when a worker "
                   "(re)starts; responses' system_fingerprint changes with it.")
+    chat_template = models.TextField(
+        blank=True, default="",
+        help_text="A Jinja chat template that replaces the model's own (`manage.py model_add --chat-template FILE`); "
+                  "blank: the template in the model's files, and a model without one serves /v1/completions only.")
+    dtype = models.CharField(
+        max_length=16, blank=True, default="", choices=[("float32", "float32"), ("bfloat16", "bfloat16"),
+                                                        ("float16", "float16")],
+        help_text="The dtype workers load this model in when not told otherwise (blank: ENGINE_DTYPE, else the "
+                  "engine's default). Applies when a worker (re)starts.")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -32,13 +32,6 @@ async def aserved_model_get_for_tier(*, tier: Tier, name: str) -> ServedModel | 
     return await ServedModel.objects.filter(enabled=True, name=name).afirst()
 
 
-def served_model_batch_invariant(*, name: str) -> bool:
-    """Whether workers serve `name` in batch-invariant mode (its ServedModel row; False without one)."""
-    if not _plausible_name(name):
-        return False
-    return bool(ServedModel.objects.filter(name=name).values_list("batch_invariant", flat=True).first())
-
-
 def database_check() -> dict[str, str]:
     """Part of /readyz (inference.serving.readiness): "ok" or why not, for the database."""
     from django.db import DatabaseError, connection

@@ -76,7 +76,9 @@ def metrics(request):
 
 
 def model_payload(model: ServedModel) -> dict:
-    return {"id": model.name, "object": "model", "created": model.created_unix, "owned_by": model.owned_by}
+    """OpenAI's model object, with vLLM's `max_model_len` (the context length: prompt and output tokens)."""
+    return {"id": model.name, "object": "model", "created": model.created_unix, "owned_by": model.owned_by,
+            "max_model_len": model.context_length}
 
 
 class ModelListApi(APIView):

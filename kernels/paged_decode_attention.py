@@ -3,12 +3,14 @@
 q [B, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D]; block_tables
 [B, M] int32; seq_lens [B] int32 (the current token's K/V is already stored).
 Grouped-query attention: query head h reads KV head h // (Hq // Hkv).
+``window`` > 0 (a sliding-window layer): the query at position p = seq_len - 1
+sees only keys p - window + 1 .. p (transformers' and llama.cpp's convention).
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +71,20 @@ class _Group:
     block_ids: torch.Tensor  # int64 [b * num_blocks], row-major
     num_blocks: int
     mask: torch.Tensor  # bool [b, 1, 1, num_blocks * block_size]: True = a real token
+    lengths: torch.Tensor  # [b] the group's seq_lens
+    windowed: dict = field(default_factory=dict)  # window -> mask of the last `window` tokens only
+
+    def mask_for(self, window: int) -> torch.Tensor:
+        if not window:
+            return self.mask
+        mask = self.windowed.get(window)
+        if mask is None:
+            padded = self.mask.shape[-1]
+            first = (self.lengths - window).view(-1, 1)
+            mask = self.mask & (torch.arange(padded, device=first.device).view(1, padded) >= first).view(
+                self.mask.shape)
+            self.windowed[window] = mask
+        return mask
 
 
 @dataclass(frozen=True)
@@ -124,13 +140,14 @@ def decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: 
             block_ids=tables[:, :num_blocks].reshape(-1).to(torch.int64),
             num_blocks=num_blocks,
             mask=mask.view(len(group), 1, 1, padded),
+            lengths=lengths.clone(),
         ))
     plan = DecodePlan(block_tables.clone(), seq_lens.clone(), block_size, token_bytes, tuple(groups))
     _last_plan.plan = plan
     return plan
 
 
-def _attend_group(q, k_cache, v_cache, group: _Group, scale: float) -> torch.Tensor:
+def _attend_group(q, k_cache, v_cache, group: _Group, scale: float, window: int = 0) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
     padded = group.num_blocks * block_size
@@ -140,7 +157,7 @@ def _attend_group(q, k_cache, v_cache, group: _Group, scale: float) -> torch.Ten
         q.view(batch, num_heads, 1, head_dim),
         keys.transpose(1, 2),
         values.transpose(1, 2),
-        attn_mask=group.mask,
+        attn_mask=group.mask_for(window),
         scale=scale,
         enable_gqa=True,
     )
@@ -154,6 +171,7 @@ def paged_decode_attention_ref(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """Reference (and CPU production) decode attention.
 
@@ -168,10 +186,10 @@ def paged_decode_attention_ref(
     token_bytes = k_cache.shape[2] * k_cache.shape[3] * k_cache.element_size()
     plan = decode_plan(block_tables, seq_lens, k_cache.shape[1], token_bytes)
     if len(plan.groups) == 1:
-        return _attend_group(q, k_cache, v_cache, plan.groups[0], scale)
+        return _attend_group(q, k_cache, v_cache, plan.groups[0], scale, window)
     out = torch.empty_like(q)
     for group in plan.groups:
-        part = _attend_group(q.index_select(0, group.rows), k_cache, v_cache, group, scale)
+        part = _attend_group(q.index_select(0, group.rows), k_cache, v_cache, group, scale, window)
         out.index_copy_(0, group.rows, part)
     return out
 
@@ -188,7 +206,7 @@ _LOG2E = 1.4426950408889634
 def _paged_decode_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2,
+    scale_log2, window,
     stride_qb, stride_qh,
     stride_cb, stride_cs, stride_ch,
     stride_bt,
@@ -204,10 +222,12 @@ def _paged_decode_attention_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
 
-    # This split's token range, in whole tiles; trailing splits may be empty.
-    tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
+    # The visible keys are lo .. seq_len - 1 (lo > 0 only in a sliding window). This split's token range,
+    # in whole tiles from lo; trailing splits may be empty.
+    lo = tl.maximum(seq_len - window, 0)
+    tiles = (seq_len - lo + BLOCK_N - 1) // BLOCK_N
     tiles_per_split = (tiles + NUM_SPLITS - 1) // NUM_SPLITS
-    start = split * tiles_per_split * BLOCK_N
+    start = lo + split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
 
     rows = tl.arange(0, BLOCK_G)
@@ -293,6 +313,13 @@ def _paged_decode_merge_kernel(
              mask=dims < HEAD_DIM)
 
 
+def window_bound(window: int) -> int:
+    """The kernels' window argument: ``window``, or one larger than any position when there is none (0)."""
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    return int(window) if window else 1 << 30
+
+
 def choose_num_splits(batch: int, num_kv_heads: int, max_blocks: int, block_size: int,
                       device: torch.device) -> int:
     """Enough programs to fill the GPU, never a split shorter than 128 tokens.
@@ -318,6 +345,7 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     *,
+    window: int = 0,
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int | None = None,
@@ -347,7 +375,7 @@ def paged_decode_attention(
         part_lse = out.new_empty((1, 1, 1), dtype=torch.float32)
     kernel_for(_paged_decode_attention_kernel, device)[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
-        float(scale) * _LOG2E,
+        float(scale) * _LOG2E, window_bound(window),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),

@@ -7,7 +7,9 @@ gather copy, no padding. All query heads of a KV head share each K/V row, the
 softmax runs online in float32 with float32 accumulation, and at small batches
 each sequence is split into parts (merged by log-sum-exp) so that every thread
 has work. When the library cannot be built or loaded (no compiler,
-``cpu_native`` configured off in ``kernels.config``) this falls back to the reference.
+``cpu_native`` configured off in ``kernels.config``) this falls back to the reference,
+as it does for a sliding ``window`` once some sequence is longer than it (the
+native kernel attends from key 0; up to the window length the two agree).
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ def paged_decode_attention_cpu(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Decode attention on CPU tensors; ``num_splits`` forces the parts per sequence (tests)."""
     lib = cpu_native.load()
-    if lib is None:
-        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    if lib is None or (window and seq_lens.numel() and int(seq_lens.max()) > window):
+        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
     batch, num_heads, head_dim, block_size, num_kv_heads = check_decode_inputs(q, k_cache, v_cache, block_tables,
                                                                                seq_lens)
     if not (q.is_cpu and k_cache.is_cpu and block_tables.is_cpu and seq_lens.is_cpu):

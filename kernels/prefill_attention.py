@@ -3,8 +3,9 @@
 q [T, Hq, D] holds the new tokens of B sequences, sequence b owning rows
 query_start_loc[b]:query_start_loc[b+1]. Its new tokens sit at positions
 seq_lens[b] - q_len_b .. seq_lens[b] - 1 and their K/V are already in the
-cache, so a token at position p attends to cached positions 0..p. Decode
-sequences (q_len 1), chunked prefill and prefix-cache hits all fit this form.
+cache, so a token at position p attends to cached positions 0..p (only
+p - window + 1 .. p with a sliding ``window`` > 0). Decode sequences (q_len 1),
+chunked prefill and prefix-cache hits all fit this form.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from kernels._triton import (
     tl, triton,
 )
 from kernels._utils import check_kv_cache, gather_blocks
-from kernels.paged_decode_attention import paged_decode_attention_ref
+from kernels.paged_decode_attention import paged_decode_attention_ref, window_bound
 
 
 def _sequence_attention(
@@ -27,6 +28,7 @@ def _sequence_attention(
     block_ids: torch.Tensor,
     seq_len: int,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     q_len, num_heads, head_dim = q_seq.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -37,7 +39,7 @@ def _sequence_attention(
     query = q_seq.transpose(0, 1).unsqueeze(0)
     key = keys.transpose(0, 1).unsqueeze(0)
     value = values.transpose(0, 1).unsqueeze(0)
-    if q_len == seq_len:
+    if q_len == seq_len and not window:
         out = F.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scale, enable_gqa=True
         )
@@ -46,8 +48,9 @@ def _sequence_attention(
         first = seq_len - q_len
         rows = torch.arange(q_len, device=q_seq.device).view(q_len, 1) + first
         cols = torch.arange(seq_len, device=q_seq.device).view(1, seq_len)
+        mask = (cols <= rows) & (cols > rows - window) if window else cols <= rows
         out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=cols <= rows, scale=scale, enable_gqa=True
+            query, key, value, attn_mask=mask, scale=scale, enable_gqa=True
         )
     return out.squeeze(0).transpose(0, 1)
 
@@ -63,6 +66,7 @@ def paged_prefill_attention_ref(
     max_query_len: int,
     max_seq_len: int,
     first_seq: int = 0,
+    window: int = 0,
 ) -> torch.Tensor:
     """Reference (and CPU production) prefill attention.
 
@@ -83,7 +87,7 @@ def paged_prefill_attention_ref(
         out[:starts[first_seq]] = 0  # the skipped sequences' rows
     singles = [b for b in range(first_seq, batch) if starts[b + 1] - starts[b] == 1]
     if len(singles) == batch and batch == q.shape[0]:
-        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
     if len(singles) > 1:
         idx = torch.tensor(singles, device=q.device)
         rows = torch.tensor([starts[b] for b in singles], device=q.device)
@@ -94,6 +98,7 @@ def paged_prefill_attention_ref(
             block_tables.index_select(0, idx),
             seq_lens.index_select(0, idx),
             scale,
+            window,
         )
         done = set(singles)
     else:
@@ -103,7 +108,7 @@ def paged_prefill_attention_ref(
         if b in done or end == start:
             continue
         out[start:end] = _sequence_attention(
-            q[start:end], k_cache, v_cache, block_tables[b], lens[b], scale
+            q[start:end], k_cache, v_cache, block_tables[b], lens[b], scale, window
         )
     if starts[-1] < q.shape[0]:
         out[starts[-1]:] = 0  # padding rows past the last sequence
@@ -125,7 +130,7 @@ _LOG2E = 1.4426950408889634
 @jit(do_not_specialize=["first_seq"])  # one compiled kernel for every value
 def _paged_prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_ptr, seq_lens_ptr, out_ptr,
-    scale_log2, first_seq,
+    scale_log2, first_seq, window,
     stride_qt, stride_qh,
     stride_cb, stride_cs, stride_ch,
     stride_bt,
@@ -159,10 +164,13 @@ def _paged_prefill_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # Keys past the tile's last query position are never visible.
+    # Keys past the tile's last query position are never visible, nor (a sliding window) keys before its
+    # first query's window. Every row sees a key of the first K/V tile (BLOCK_M <= BLOCK_N), so m_i is
+    # finite from it on.
     kv_end = tl.minimum(seq_len, first_pos + (tile + 1) * BLOCK_M)
+    kv_start = tl.maximum(first_pos + tile * BLOCK_M - window + 1, 0)
     offs_n = tl.arange(0, BLOCK_N)
-    for tile_start in range(0, kv_end, BLOCK_N):
+    for tile_start in range(kv_start, kv_end, BLOCK_N):
         pos = tile_start + offs_n
         tok_ok = pos < kv_end
         block_ids = tl.load(
@@ -176,9 +184,8 @@ def _paged_prefill_attention_kernel(
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
-        visible = tok_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = tok_ok[None, :] & (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
-        # Key 0 is visible to every row, so m_new is finite from the first tile on.
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
@@ -206,6 +213,7 @@ def paged_prefill_attention(
     max_seq_len: int,
     first_seq: int = 0,
     out: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Triton launcher; same contract as ``paged_prefill_attention_ref``. ``out``: a [T, Hq, D] tensor of q's
     dtype (rows contiguous in D) to write into instead of a new zeroed one; the rows this call does not compute
@@ -240,7 +248,7 @@ def paged_prefill_attention(
     grid = (triton.cdiv(max_query_len, block_m), batch - first_seq, num_heads)
     kernel_for(_paged_prefill_attention_kernel, device)[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
-        float(scale) * _LOG2E, first_seq,
+        float(scale) * _LOG2E, first_seq, window_bound(window),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),

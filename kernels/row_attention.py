@@ -17,6 +17,10 @@ batch; see inference/engine/attention.py.)
   of 64 keys from key 0 for every row.
 - ``ref``: the reference decode attention, one row per call (slow; the
   fallback where neither kernel set runs).
+
+A sliding ``window`` (> 0) limits row p to keys p - window + 1 .. p. On the
+CPU the rows longer than the window take the reference, each on its own (a
+row's path depends on its own length only, never on the batch).
 """
 
 from __future__ import annotations
@@ -27,31 +31,39 @@ from kernels.paged_decode_attention import paged_decode_attention_ref
 
 
 def paged_attention_rows_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             row_block_tables: torch.Tensor, row_seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    out = torch.empty_like(q)
-    for row in range(q.shape[0]):
-        out[row:row + 1] = paged_decode_attention_ref(q[row:row + 1], k_cache, v_cache,
-                                                      row_block_tables[row:row + 1], row_seq_lens[row:row + 1], scale)
+                             row_block_tables: torch.Tensor, row_seq_lens: torch.Tensor, scale: float,
+                             window: int = 0, rows: list[int] | None = None, out: torch.Tensor | None = None
+                             ) -> torch.Tensor:
+    """``rows``: only these rows (into ``out``), else all of them."""
+    out = torch.empty_like(q) if out is None else out
+    for row in range(q.shape[0]) if rows is None else rows:
+        out[row:row + 1] = paged_decode_attention_ref(q[row:row + 1], k_cache, v_cache, row_block_tables[row:row + 1],
+                                                      row_seq_lens[row:row + 1], scale, window)
     return out
 
 
 def paged_attention_rows_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             row_block_tables: torch.Tensor, row_seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                             row_block_tables: torch.Tensor, row_seq_lens: torch.Tensor, scale: float,
+                             window: int = 0) -> torch.Tensor:
     from kernels import cpu_native
     from kernels.paged_decode_attention_cpu import paged_decode_attention_cpu
 
     if cpu_native.load() is None:
-        return paged_attention_rows_ref(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale)
-    return paged_decode_attention_cpu(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, num_splits=1)
+        return paged_attention_rows_ref(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, window)
+    out = paged_decode_attention_cpu(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, num_splits=1)
+    if window:  # the native kernel attends from key 0: redo the rows longer than the window
+        long = (row_seq_lens > window).nonzero().flatten().tolist()
+        paged_attention_rows_ref(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, window, long, out)
+    return out
 
 
 def paged_attention_rows_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 row_block_tables: torch.Tensor, row_seq_lens: torch.Tensor,
-                                scale: float) -> torch.Tensor:
+                                scale: float, window: int = 0) -> torch.Tensor:
     from kernels.prefill_attention import paged_prefill_attention
 
     rows = q.shape[0]
     starts = torch.arange(rows + 1, dtype=torch.int32, device=q.device)
     # max_seq_len only sizes nothing in the kernel; 1 new token per row
     return paged_prefill_attention(q, k_cache, v_cache, row_block_tables, starts, row_seq_lens, scale,
-                                   1 if rows else 0, 0)
+                                   1 if rows else 0, 0, window=window)

@@ -179,6 +179,13 @@ CELERY_TIMEZONE = "UTC"
 EMBEDDED_WORKER = env_bool("EMBEDDED_WORKER", EMBEDDED)
 ENGINE_DEVICE = ENV.get("ENGINE_DEVICE", "cpu")
 DEFAULT_MODEL = ENV.get("DEFAULT_MODEL", "smollm2-135m-instruct")
+# The models the embedded engines of this process serve, comma-separated (`make run SERVE_MODELS=a,b`): one
+# engine thread per model, started by its first request; empty: DEFAULT_MODEL alone. Separate workers serve
+# what each `run_worker --model NAME` was started with.
+SERVE_MODELS = env_list("SERVE_MODELS", "")
+# A request for an enabled model that no live worker serves waits this long for one (a worker starting) before
+# its 503 `model_unavailable` with Retry-After.
+MODEL_WAIT_S = float(ENV.get("MODEL_WAIT_S", "3"))
 # Engine and kernel knobs, applied by inference.worker.engine_factory. Unset (None) keeps the engine's
 # or the kernels' own default (inference.engine.EngineConfig and cpu_matmul, kernels.config), so each
 # default is written once, where offline users (tests, benchmarks) get it too.

@@ -39,6 +39,7 @@ class ModelInfo:
     name: str
     context_length: int
     tokenizer_source: str  # what `load_tokenizer` is given
+    chat_template: str | None = None  # the row's own template, replacing the one in the model's files
 
 
 def _not_found(name: str) -> NotFound:
@@ -46,23 +47,21 @@ def _not_found(name: str) -> NotFound:
 
 
 def _tokenizer_source(row: ServedModel) -> str:
-    from inference.engine.registry import BUILTIN_MODELS, UnknownModelError, resolve_model
+    """The row's model file or directory, by path (the tokenizer is loaded, and cached, per file)."""
+    from inference.model_sources import SourceError, source_locate
 
-    if row.name in BUILTIN_MODELS:
-        return row.name
     try:
-        resolve_model(row.name)  # registered in this process by the model registry
-        return row.name
-    except UnknownModelError:
-        pass
-    source = row.source
-    return source[len("gguf:"):] if source.startswith("gguf:") else source
+        return source_locate(row.source).path
+    except SourceError:  # files gone: the tokenizer's load fails, and the request gets 503 model_unavailable
+        source = row.source
+        return source[len("gguf:"):] if source.startswith("gguf:") else source
 
 
 def _info_from_row(row: ServedModel | None) -> ModelInfo | None:
     if row is None or not row.enabled:
         return None
-    return ModelInfo(name=row.name, context_length=row.context_length or DEFAULT_CONTEXT, tokenizer_source=_tokenizer_source(row))
+    return ModelInfo(name=row.name, context_length=row.context_length or DEFAULT_CONTEXT,
+                     tokenizer_source=_tokenizer_source(row), chat_template=row.chat_template or None)
 
 
 def model_cache_clear() -> None:

@@ -104,7 +104,9 @@ COMPONENTS = {
     "Model": {
         "type": "object", "required": ["id", "object", "created", "owned_by"],
         "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
-                       "owned_by": {"type": "string"}},
+                       "owned_by": {"type": "string"},
+                       "max_model_len": {"type": "integer", "description": "The model's context length in "
+                                         "tokens, prompt and output together (as vLLM reports it)"}},
     },
     "ModelList": {
         "type": "object", "required": ["object", "data"],

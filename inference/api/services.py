@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 from common.cache import TtlCache
 from common.errors import ApiError, InvalidRequest, ServiceUnavailable
-from common.outage import Outage
+from inference.api.capacity import capacity_check, queue_outage
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
 from inference.api.schemas import CHAT, ApiRequest, api_param
 from inference.metrics.gateway import refusal_count
-from inference.serving import get_worker_pool
 
 logger = logging.getLogger(__name__)
 
@@ -28,15 +27,9 @@ logger = logging.getLogger(__name__)
 INLINE_TOKENIZE_CHARS = 8192
 INFERENCE_SCOPE = "inference"
 
-LIVE_WORKERS_TTL_S = 2.0  # how long a "yes, a worker serves this model" is trusted
-LIVE_WORKERS_RECHECK_S = 0.25  # a request after a yes this old re-checks it in the background
-
 # tokenizer source -> its tokenizer (metadata only), for the life of the process: a model's file does not change
 _tokenizers: TtlCache[str, object] = TtlCache("tokenizers", ttl=None, max_entries=64)
-# model -> True while a worker is known to serve it; a "no" is never stored
-_live_workers: TtlCache[str, bool] = TtlCache("live workers", ttl=lambda: LIVE_WORKERS_TTL_S, max_entries=1024)
-_live_rechecks = _live_workers.reloads  # model -> a background re-check in flight
-_queue_outage = Outage(logger, "web: job queue (Redis)")
+_queue_outage = queue_outage()
 
 
 @dataclass(slots=True)
@@ -76,10 +69,35 @@ async def atokenizer_get(*, model: ModelInfo):
     return tokenizer
 
 
-def prompt_tokenize(*, request: ApiRequest, tokenizer) -> list[int]:
+def chat_template_get(*, model: ModelInfo, tokenizer) -> str:
+    """The model's chat template: its row's, else its files'; a base model without one: 400 for chat."""
+    template = model.chat_template or tokenizer.chat_template
+    if not template:
+        raise InvalidRequest(
+            f"The model `{model.name}` has no chat template (a base model): use /v1/completions with a prompt, "
+            f"or ask the operator to give it one (manage.py model_add {model.name} --chat-template FILE).",
+            param="model", code="chat_template_missing")
+    return template
+
+
+def chat_encode(*, messages: list[dict], template: str, tokenizer) -> list[int]:
+    """The messages rendered with `template` (the model's own BOS/EOS tokens), then tokenized."""
+    from inference.engine.chat_template import ChatTemplateError, render_chat_template
+
+    try:
+        text = render_chat_template(template, messages, add_generation_prompt=True,
+                                    bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    except ChatTemplateError as exc:  # e.g. the template's raise_exception on roles it does not take
+        raise InvalidRequest(f"The model's chat template refused these messages: {exc}", param="messages") from None
+    return list(tokenizer.encode(text))
+
+
+def prompt_tokenize(*, request: ApiRequest, tokenizer, chat_template: str | None = None) -> list[int]:
     """Token ids of the prompt: the chat template for chat, the raw text (or ids) for completions."""
     if request.endpoint == CHAT:
-        return list(tokenizer.encode_chat(request.messages))
+        if chat_template is None:
+            return list(tokenizer.encode_chat(request.messages))
+        return chat_encode(messages=request.messages, template=chat_template, tokenizer=tokenizer)
     if request.prompt_token_ids is not None:
         vocab = tokenizer.vocab_size
         for index, token in enumerate(request.prompt_token_ids):
@@ -159,10 +177,12 @@ async def arequest_prepare(*, auth, request: ApiRequest, request_id: str | None 
     info = await amodel_info_get(name=request.model)
     model_access_check(tier=auth.tier, model=info.name)
     tokenizer = await atokenizer_get(model=info)
+    template = chat_template_get(model=info, tokenizer=tokenizer) if request.endpoint == CHAT else None
     if _prompt_chars(request) > INLINE_TOKENIZE_CHARS:
-        prompt_ids = await asyncio.to_thread(prompt_tokenize, request=request, tokenizer=tokenizer)
+        prompt_ids = await asyncio.to_thread(prompt_tokenize, request=request, tokenizer=tokenizer,
+                                             chat_template=template)
     else:
-        prompt_ids = prompt_tokenize(request=request, tokenizer=tokenizer)
+        prompt_ids = prompt_tokenize(request=request, tokenizer=tokenizer, chat_template=template)
     limit = context_limit(tier=auth.tier, info=info)
     max_tokens = _max_tokens_resolve(request=request, tier=auth.tier, prompt_len=len(prompt_ids), limit=limit)
     sampling = sampling_build(request=request, max_tokens=max_tokens, vocab_size=tokenizer.vocab_size)
@@ -217,61 +237,6 @@ def job_build(*, prepared: PreparedRequest, reply_channel: str):
     )
 
 
-async def _capacity_check(model: str) -> None:
-    pool = get_worker_pool()
-    pool.start(model)  # on the event loop on purpose (an engine in this process delivers on it)
-    if not pool.has_heartbeats:
-        return
-    # Heartbeats come every second; trusting a positive answer for two more
-    # seconds spares a Redis round trip per request, and a request that finds
-    # the answer older than a quarter second re-checks it in the background, so
-    # while requests keep coming none of them waits for Redis here (a re-check
-    # started only late in the TTL would often come too late for a steady
-    # client). A request that slips in after the last worker died
-    # waits on the queue, and JobRun's idle liveness check ends it with a 503.
-    known = _live_workers.entry(model)
-    if known is not None:
-        if _live_workers.age(known) > LIVE_WORKERS_RECHECK_S:
-            _live_rechecks.start(model, lambda: _live_workers_recheck(model))
-        return
-    if await _live_workers_check(model):
-        return
-    raise ServiceUnavailable(
-        f"No worker is serving the model `{model}` right now. Please retry later.",
-        code="no_worker",
-        headers={"Retry-After": "5"},
-    )
-
-
-async def _live_workers_check(model: str) -> bool:
-    """Ask the queue whether a worker serves `model`; remember a yes for LIVE_WORKERS_TTL_S.
-    Raises QueueUnavailable (503 with Retry-After) when the queue cannot be reached."""
-    from inference.queue import QueueUnavailable, get_job_queue
-
-    try:
-        workers = await asyncio.to_thread(get_job_queue().live_workers, model)
-    except QueueUnavailable as exc:
-        _live_workers.invalidate(model)
-        _queue_outage.failed(exc.__cause__ or exc)
-        raise
-    _queue_outage.ok()
-    if workers:
-        _live_workers.set(model, True)
-    else:
-        _live_workers.invalidate(model)
-    return bool(workers)
-
-
-async def _live_workers_recheck(model: str) -> None:
-    """The background re-check: an unreachable queue is already logged (once) and forgotten."""
-    from inference.queue import QueueUnavailable
-
-    try:
-        await _live_workers_check(model)
-    except QueueUnavailable:
-        pass
-
-
 async def ajob_submit(*, prepared: PreparedRequest):
     """Check capacity, admit (limits, quota, budget) and enqueue; returns the JobRun to read events
     from (use `async with`). A request that is admitted but not queued gives its reservation back; one
@@ -282,7 +247,7 @@ async def ajob_submit(*, prepared: PreparedRequest):
 
     try:
         await aprice_in_force_check(model=prepared.model.name)  # a model whose price cannot be read: 503
-        await _capacity_check(prepared.model.name)
+        await capacity_check(prepared.model.name)
         prepared.admission = await aadmission_reserve(
             auth=prepared.auth, request_id=prepared.request_id, model=prepared.model.name,
             prompt_tokens=len(prepared.prompt_token_ids), max_tokens=prepared.max_tokens,

@@ -17,6 +17,11 @@ In batch-invariant mode (`meta.batch_invariant`) every row takes
 `ops.paged_attention_rows` instead: one query row at a time over its own
 sequence's keys, the same computation for a row in any step
 (kernels/row_attention.py).
+
+A sliding-window layer (``window`` > 0: Mistral's `sliding_window`, Gemma 3's
+local layers) passes its window to every kernel: a token at position p attends
+to positions p - window + 1 .. p only. The cache keeps every block (the block
+manager frees none outside the window).
 """
 
 from __future__ import annotations
@@ -28,26 +33,30 @@ from .attention_metadata import AttentionMetadata
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int = 0) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
+        self.window = window
 
     def forward(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                 ops) -> torch.Tensor:
         """q [T, Hq, D] (this step's keys/values already in ``kv_cache``) -> [T, Hq * D]."""
         k_cache, v_cache = kv_cache
+        window = self.window
         if meta.batch_invariant:
-            out = ops.paged_attention_rows(q, k_cache, v_cache, meta.row_block_tables, meta.row_seq_lens, self.scale)
+            out = ops.paged_attention_rows(q, k_cache, v_cache, meta.row_block_tables, meta.row_seq_lens, self.scale,
+                                           window=window)
         elif meta.decode_only:
-            out = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale)
+            out = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                             window=window)
         else:
             decodes = meta.num_decodes
             out = ops.paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                                               meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len,
-                                              first_seq=decodes)
+                                              first_seq=decodes, window=window)
             if decodes:
                 out[:decodes] = ops.paged_decode_attention(q[:decodes], k_cache, v_cache, meta.block_tables[:decodes],
-                                                           meta.seq_lens[:decodes], self.scale)
+                                                           meta.seq_lens[:decodes], self.scale, window=window)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -9,6 +9,11 @@ llama.cpp's converter permutes the rows of the Q and K projections of Llama
 models so that its "normal" rotary embedding pairs adjacent elements
 (x0,x1),(x2,x3)...; our rotary embedding is the Hugging Face "rotate half"
 kind that pairs (x_i, x_{i+D/2}), so we undo that permutation on load.
+
+Gemma 3 ("gemma3", NeoX rotary: nothing permuted): llama.cpp's converter writes
+its norm weights as 1 + weight, which is what our model stores (transformers'
+GGUF loader subtracts the 1 again); its header's extra fields are read by
+inference.engine.gemma3_config.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
+from . import gemma3_config
 from .model_config import ModelConfig, RopeScaling
 
 if TYPE_CHECKING:  # torch is imported lazily: the tokenizer reads headers in processes that need no torch
@@ -45,7 +51,10 @@ _NUMPY_TYPES = {
 
 # Architectures whose Q/K rows llama.cpp permutes when converting from Hugging Face.
 _PERMUTED_QK_ARCHITECTURES = {"llama"}
-_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # llama.cpp writes Mistral 7B as "llama"
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",  # llama.cpp writes Mistral 7B as "llama"
+                  "gemma3": "gemma3"}
+_GEMMA_NORMS = {"attn_norm": "input_layernorm", "post_attention_norm": "attn_output_norm",
+                "ffn_norm": "post_attention_layernorm", "post_ffw_norm": "mlp_output_norm"}  # llama.cpp's -> ours
 
 
 class GGUFFormatError(ValueError):
@@ -133,7 +142,7 @@ def config_from_gguf_metadata(metadata: dict, tensor_names: set[str]) -> ModelCo
         return value
 
     scaling = metadata.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
+    if scaling not in (None, "none") and arch != "gemma3":
         raise GGUFFormatError(f"rope scaling {scaling!r} is not supported")
     # Llama 3.1+: llama.cpp writes the "llama3" scaling as per-frequency divisors, read at load (rope.py)
     rope_scaling = RopeScaling() if "rope_freqs.weight" in tensor_names else None
@@ -145,12 +154,16 @@ def config_from_gguf_metadata(metadata: dict, tensor_names: set[str]) -> ModelCo
         raise GGUFFormatError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab_size = int(metadata.get(f"{arch}.vocab_size") or (len(tokens) if tokens else 0))
+    layers = int(key("block_count"))
+    extra = {"rope_scaling": rope_scaling}
+    if arch == "gemma3":
+        extra = gemma3_config.fields_from_gguf(metadata, layers, hidden, num_heads, head_dim)
     return ModelConfig(
         architecture=_ARCHITECTURES[arch],
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
+        num_layers=layers,
         num_heads=num_heads,
         num_kv_heads=int(metadata.get(f"{arch}.attention.head_count_kv", num_heads)),
         head_dim=head_dim,
@@ -161,7 +174,7 @@ def config_from_gguf_metadata(metadata: dict, tensor_names: set[str]) -> ModelCo
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
-        rope_scaling=rope_scaling,
+        **extra,
     )
 
 
@@ -257,11 +270,12 @@ def _load_layer(source: _Tensors, config: ModelConfig, i: int, *, int4: bool, st
         state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat(
             (get(f"{blk}.attn_q.bias", config.num_heads), get(f"{blk}.attn_k.bias", config.num_kv_heads),
              get(f"{blk}.attn_v.bias")))
-    if config.qk_norm:  # Qwen3 (llama.cpp does not permute its rows: NeoX rotary)
+    if config.qk_norm:  # Qwen3, Gemma 3 (llama.cpp does not permute their rows: NeoX rotary)
         state[f"{out}.self_attn.q_norm.weight"] = get(f"{blk}.attn_q_norm.weight")
         state[f"{out}.self_attn.k_norm.weight"] = get(f"{blk}.attn_k_norm.weight")
-    state[f"{out}.input_layernorm.weight"] = get(f"{blk}.attn_norm.weight")
-    state[f"{out}.post_attention_layernorm.weight"] = get(f"{blk}.ffn_norm.weight")
+    norms = _GEMMA_NORMS if config.gemma else {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    for theirs, ours in norms.items():
+        state[f"{out}.{ours}.weight"] = get(f"{blk}.{theirs}.weight")
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_head: bool = False
@@ -276,7 +290,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_
     metadata, infos = read_gguf_header(path)
     config = config_from_gguf_metadata(metadata, set(infos))
     source = _Tensors(path, metadata, infos, dtype)
-    if config.rope_scaling is not None:  # llama.cpp's llama3 rope scaling: its per-frequency divisors
+    if config.rope_scaling is not None and config.rope_scaling.rope_type == "llama3":  # its per-frequency divisors
         config = _with_rope_freqs(config, source)
 
     state: dict[str, torch.Tensor] = {"embed_tokens.weight": source.get("token_embd.weight"),

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 3) over a paged KV cache.
 
 Inputs are a flattened batch of T tokens from any mix of sequences; the
 per-step AttentionMetadata says which tokens belong to which sequence and
@@ -18,17 +18,31 @@ rotary embedding: one norm kernel each over the [T * heads, head_dim] rows. The
 rotary cos/sin cache, scaled for Llama 3.x where the config says so, comes from
 inference.engine.rope.
 
+Gemma 3 (config.gemma) is the same pipeline with four changes: the embeddings are
+scaled by sqrt(hidden_size) (rounded to the model's dtype, as transformers does);
+each layer also normalises the attention block's output (`attn_output_norm`)
+and the MLP's (`mlp_output_norm`) before they join the residual stream, the
+pre-MLP norm keeping Llama's name `post_attention_layernorm`; the MLP is
+GELU(tanh)-and-multiply; and attention is scaled by query_pre_attn_scalar^-0.5.
+Gemma's norms multiply by (1 + weight): the loaders store 1 + weight, so every
+norm here runs the same kernel. Sliding-window layers (Gemma 3's local ones,
+all of Mistral's when it sets `sliding_window`) attend to their last `window`
+positions (PagedAttention) and, in Gemma 3, take their own rotary cache
+(`rope_local_theta`). A config's `final_logit_softcapping` caps the logits.
+
 Parameter names (what the loaders produce):
   embed_tokens.weight, norm.weight, lm_head.weight (absent when tied),
   layers.{i}.input_layernorm.weight, layers.{i}.post_attention_layernorm.weight,
   layers.{i}.self_attn.qkv_proj.weight (+ .bias for Qwen2), layers.{i}.self_attn.o_proj.weight,
   layers.{i}.self_attn.q_norm.weight, layers.{i}.self_attn.k_norm.weight ([head_dim], Qwen3 only),
-  layers.{i}.mlp.gate_up_proj.weight, layers.{i}.mlp.down_proj.weight
+  layers.{i}.mlp.gate_up_proj.weight, layers.{i}.mlp.down_proj.weight,
+  layers.{i}.attn_output_norm.weight, layers.{i}.mlp_output_norm.weight (Gemma 3 only)
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.dispatch import get_ops
@@ -48,13 +62,14 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, config.attention_scale,
+                                   config.layer_window(layer))
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
@@ -73,7 +88,7 @@ class LlamaAttention(nn.Module):
         optional output buffer for q."""
         tokens = hidden.shape[0]
         q, k, v = self.qkv_proj.forward(hidden, mm).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        if self.q_norm is not None:  # Qwen3: RMSNorm over each head's head_dim values (rows of [T * H, D])
+        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over each head's head_dim values (rows of [T * H, D])
             q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.q_norm.eps)
             k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.k_norm.eps)
         return ops.rotary_and_store_kv(positions, q.view(tokens, self.num_heads, self.head_dim),
@@ -85,21 +100,29 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.gelu = config.gemma  # GELU(tanh) instead of SiLU
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, hidden: torch.Tensor, ops, mm=None) -> torch.Tensor:
         """``mm``: ``ops.fixed_matmul`` in batch-invariant mode, else None (see packed_linear.Linear)."""
-        return self.down_proj.forward(ops.silu_and_mul(self.gate_up_proj.forward(hidden, mm)), mm)
+        gate_up = self.gate_up_proj.forward(hidden, mm)
+        if self.gelu:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return self.down_proj.forward(F.gelu(gate, approximate="tanh") * up, mm)
+        return self.down_proj.forward(ops.silu_and_mul(gate_up), mm)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
+        gemma = config.gemma  # norms of the attention's and the MLP's outputs
+        self.attn_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if gemma else None
+        self.mlp_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if gemma else None
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
                 cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
@@ -117,9 +140,14 @@ class LlamaDecoderLayer(nn.Module):
     def after_attention(self, hidden: torch.Tensor, residual: torch.Tensor, ops,
                         mm=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden``: the attention block's output (after o_proj) -> (the MLP's output, residual)."""
+        if (out_norm := self.attn_output_norm) is not None:
+            hidden = ops.rms_norm(hidden, out_norm.weight, out_norm.eps)
         norm = self.post_attention_layernorm
         hidden, residual = ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
-        return self.mlp.forward(hidden, ops, mm), residual
+        hidden = self.mlp.forward(hidden, ops, mm)
+        if (out_norm := self.mlp_output_norm) is not None:
+            hidden = ops.rms_norm(hidden, out_norm.weight, out_norm.eps)
+        return hidden, residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -127,21 +155,33 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
                                                                            bias=False)
-        self._cos_sin: dict[torch.device, torch.Tensor] = {}
+        self._cos_sin: dict[tuple[torch.device, bool], torch.Tensor] = {}
+        # Gemma 3's local layers take their own rotary cache
+        self.local_rope = [config.gemma and config.layer_window(i) > 0 for i in range(config.num_layers)]
         self.output_int8: Int8Blocks | None = None  # the output weight as exact int8 blocks (few-row LM head)
         self.output_prepacked: torch.Tensor | None = None  # oneDNN-blocked copy (cpu_matmul.prepack)
         self.output_fp8 = None  # an fp8 copy of the output weight (fp8_linear.Fp8Head, EngineConfig.fp8_lm_head)
 
-    def cos_sin_cache(self, device: torch.device) -> torch.Tensor:
-        cache = self._cos_sin.get(device)
+    def cos_sin_cache(self, device: torch.device, local: bool = False) -> torch.Tensor:
+        cache = self._cos_sin.get((device, local))
         if cache is None:
-            cache = rope.build_cos_sin_cache(self.config, device)
-            self._cos_sin[device] = cache
+            cache = rope.build_cos_sin_cache(self.config, device, local)
+            self._cos_sin[(device, local)] = cache
         return cache
+
+    def layer_cos_sin(self, device: torch.device) -> list[torch.Tensor]:
+        """Each layer's rotary cache."""
+        return [self.cos_sin_cache(device, local) for local in self.local_rope]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        if self.config.gemma:  # sqrt(hidden_size) rounded to the weights' dtype first, as transformers does
+            hidden = hidden * float(torch.tensor(self.config.hidden_size ** 0.5).to(hidden.dtype))
+        return hidden
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -150,10 +190,9 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"expected {len(self.layers)} KV caches, got {len(kv_caches)}")
         device = input_ids.device
         ops = get_ops(device)
-        cos_sin = self.cos_sin_cache(device)
-        hidden = self.embed_tokens(input_ids)
+        hidden = self.embed(input_ids)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache, cos_sin in zip(self.layers, kv_caches, self.layer_cos_sin(device)):
             hidden, residual = layer.forward(positions, hidden, residual, cos_sin, kv_cache, meta, ops)
         hidden, _ = ops.fused_add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
         return hidden
@@ -180,6 +219,11 @@ class LlamaForCausalLM(nn.Module):
         """hidden [N, H] (only the rows that need logits) -> float32 logits [N, V]. ``batch_invariant``:
         one kernel for every N, reducing each row in one order: the int8 head's native kernel where the
         model has one (its rows never interact), else the kernel set's fixed matmul."""
+        logits = self._logits(hidden, batch_invariant)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def _logits(self, hidden: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
         if batch_invariant:
             if self.output_int8 is not None and hidden.is_cpu:
                 return self.output_int8.matmul(hidden)

@@ -6,20 +6,30 @@ MLP. Qwen2 differs only by biases on the Q/K/V projections; Qwen3 by an RMSNorm
 over each head of q and k before the rotary embedding (no biases), often with a
 head_dim other than hidden_size / num_heads. Llama 3.1+ scales the rotary
 frequencies (`RopeScaling`, computed by inference.engine.rope).
+
+Gemma 3 ("gemma3") is the same decoder with Gemma's changes (inference.engine.llama
+describes them): norms around both the attention and the MLP blocks, a GELU-tanh
+MLP, q/k norms, embeddings scaled by sqrt(hidden_size), attention scaled by
+query_pre_attn_scalar^-0.5, and local sliding-window layers (their own rotary
+base, `rope_local_theta`, unscaled) interleaved with global ones (`rope_theta`,
+with "linear" scaling on the larger models). `sliding_window` with
+`sliding_layers` None (Mistral) makes every layer local.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3")
-QK_NORM_ARCHITECTURES = ("qwen3",)  # per-head RMSNorm of q and k before the rotary embedding
-ROPE_SCALING_TYPES = ("llama3",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3", "gemma3")
+QK_NORM_ARCHITECTURES = ("qwen3", "gemma3")  # per-head RMSNorm of q and k before the rotary embedding
+GEMMA_ARCHITECTURES = ("gemma3",)
+ROPE_SCALING_TYPES = ("llama3", "linear")
 
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    """Llama 3.x rotary scaling ("llama3"), as transformers' `_compute_llama3_parameters` applies it.
+    """Llama 3.x rotary scaling ("llama3"), as transformers' `_compute_llama3_parameters` applies it; or
+    "linear" (Gemma 3's global layers): every inverse frequency divided by `factor`, nothing else set.
 
     From a Hugging Face config: factor, low_freq_factor, high_freq_factor and original_max_position_embeddings.
     From a GGUF: llama.cpp's per-frequency divisors (its `rope_freqs.weight` tensor), `freq_factors`; a config
@@ -36,6 +46,10 @@ class RopeScaling:
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_SCALING_TYPES:
             raise ValueError(f"rope scaling {self.rope_type!r} is not supported (supported: {ROPE_SCALING_TYPES})")
+        if self.rope_type == "linear":
+            if self.factor is None or self.factor <= 0 or self.freq_factors is not None:
+                raise ValueError(f"linear rope scaling needs a positive factor (only), got {self.factor}")
+            return
         params = (self.factor, self.low_freq_factor, self.high_freq_factor, self.original_max_position_embeddings)
         if any(p is None for p in params) and any(p is not None for p in params):
             raise ValueError("llama3 rope scaling needs factor, low_freq_factor, high_freq_factor and "
@@ -67,6 +81,11 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     rope_scaling: RopeScaling | None = None
+    sliding_window: int | None = None  # tokens a local layer sees (its own included)
+    sliding_layers: tuple[bool, ...] | None = None  # which layers are local; None: all (with sliding_window)
+    rope_local_theta: float | None = None  # the local layers' rotary base (Gemma 3); None: rope_theta
+    query_pre_attn_scalar: float | None = None  # attention scale ^-2 (Gemma); None: head_dim
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap) (Gemma)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -79,6 +98,10 @@ class ModelConfig:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.sliding_layers is not None and len(self.sliding_layers) != self.num_layers:
+            raise ValueError(f"{len(self.sliding_layers)} layer types for {self.num_layers} layers")
         factors = self.rope_scaling.freq_factors if self.rope_scaling else None
         if factors is not None and len(factors) != self.head_dim // 2:
             raise ValueError(f"{len(factors)} rope frequency factors for head_dim {self.head_dim}")
@@ -86,6 +109,20 @@ class ModelConfig:
     @property
     def qk_norm(self) -> bool:
         return self.architecture in QK_NORM_ARCHITECTURES
+
+    @property
+    def gemma(self) -> bool:
+        return self.architecture in GEMMA_ARCHITECTURES
+
+    def layer_window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window, 0 for a global layer."""
+        if self.sliding_window is None or (self.sliding_layers is not None and not self.sliding_layers[layer]):
+            return 0
+        return self.sliding_window
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def q_size(self) -> int:

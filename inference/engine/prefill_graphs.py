@@ -68,7 +68,7 @@ class PrefillGraphRunner:
             self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=dev)
             self.q = torch.zeros((n, self.num_heads, self.head_dim), dtype=dtype, device=dev)
             self.attn_out = torch.zeros((n, self.num_heads * self.head_dim), dtype=dtype, device=dev)
-            self.cos_sin = model.cos_sin_cache(dev)
+            self.cos_sin = model.layer_cos_sin(dev)  # each layer's (Gemma 3's local layers have their own)
         self.hidden_size = cfg.hidden_size
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # each rung's final hidden states (its last piece's output)
@@ -137,7 +137,7 @@ class PrefillGraphRunner:
         hidden states for the last piece). Writes the rotated queries of layer j into ``self.q``."""
         model, ops, layers = self.model, self.ops, self.model.layers
         if j == 0:
-            hidden = model.embed_tokens(self.input_ids[:size])
+            hidden = model.embed(self.input_ids[:size])
         else:
             prev = layers[j - 1]
             hidden = prev.self_attn.o_proj.forward(self.attn_out[:size])
@@ -149,7 +149,7 @@ class PrefillGraphRunner:
         hidden, residual = layer.input_norm(hidden, residual, ops)
         q_buf = self.q[:size]
         into = {"q_out": q_buf} if ops.backend == "triton" else {}  # the Triton kernel writes it in place
-        q = layer.self_attn.project(self.positions[:size], hidden, self.cos_sin, self.kv_caches[j],
+        q = layer.self_attn.project(self.positions[:size], hidden, self.cos_sin[j], self.kv_caches[j],
                                     self.slot_mapping[:size], ops, **into)
         if q is not q_buf:
             q_buf.copy_(q)
@@ -163,18 +163,19 @@ class PrefillGraphRunner:
         q = self.q[:tokens]
         out = self.attn_out[:tokens].view(tokens, self.num_heads, self.head_dim)
         if meta.decode_only:
-            out.copy_(ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, attn.scale))
+            out.copy_(ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, attn.scale,
+                                                 window=attn.window))
             return
         decodes = meta.num_decodes
         args = (q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, attn.scale,
                 meta.max_query_len, meta.max_seq_len)
         if ops.backend == "triton":
-            ops.paged_prefill_attention(*args, first_seq=decodes, out=out)
+            ops.paged_prefill_attention(*args, first_seq=decodes, out=out, window=attn.window)
         else:
-            out.copy_(ops.paged_prefill_attention(*args, first_seq=decodes))
+            out.copy_(ops.paged_prefill_attention(*args, first_seq=decodes, window=attn.window))
         if decodes:
             out[:decodes] = ops.paged_decode_attention(q[:decodes], k_cache, v_cache, meta.block_tables[:decodes],
-                                                       meta.seq_lens[:decodes], attn.scale)
+                                                       meta.seq_lens[:decodes], attn.scale, window=attn.window)
 
     def _capture(self, size: int) -> None:
         current = torch.cuda.current_stream(self.device)

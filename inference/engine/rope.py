@@ -8,6 +8,9 @@ the same scaling as llama.cpp's per-frequency divisors (`rope_freqs.weight`, wri
 those four parameters in float64): inverse frequency i is then theta^(-2i/D) / freq_factors[i], as llama.cpp
 computes it (within a float32 rounding of transformers' value, not bit for bit).
 
+"linear" scaling (Gemma 3's global layers) divides every inverse frequency by its factor, as transformers does.
+Gemma 3's local (sliding-window) layers have their own base, `rope_local_theta`, and no scaling: `local=True`.
+
 The cache layout is the kernels' ([max_pos, head_dim] float32: the cos half, then the sin half).
 """
 
@@ -42,12 +45,17 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tenso
     return torch.where(is_medium, smoothed, scaled)
 
 
-def inv_freq(config: ModelConfig) -> torch.Tensor:
-    """The model's rotary inverse frequencies, [head_dim / 2] float32 on the CPU."""
+def inv_freq(config: ModelConfig, local: bool = False) -> torch.Tensor:
+    """The model's rotary inverse frequencies, [head_dim / 2] float32 on the CPU (its local layers' with
+    `local`)."""
+    if local:
+        return default_inv_freq(config.head_dim, config.rope_local_theta or config.rope_theta)
     base = default_inv_freq(config.head_dim, config.rope_theta)
     scaling = config.rope_scaling
     if scaling is None:
         return base
+    if scaling.rope_type == "linear":
+        return base / scaling.factor
     if scaling.freq_factors is not None:
         return base / torch.tensor(scaling.freq_factors, dtype=torch.float32)
     if not scaling.from_params:
@@ -56,11 +64,12 @@ def inv_freq(config: ModelConfig) -> torch.Tensor:
     return llama3_inv_freq(base, scaling)
 
 
-def build_cos_sin_cache(config: ModelConfig, device: torch.device) -> torch.Tensor:
-    """[max_position_embeddings, head_dim] float32 on `device`: cos of position x inverse frequency, then sin."""
-    if config.rope_scaling is None:
-        return get_ops(device).build_cos_sin_cache(config.head_dim, config.max_position_embeddings,
-                                                   config.rope_theta, device)
+def build_cos_sin_cache(config: ModelConfig, device: torch.device, local: bool = False) -> torch.Tensor:
+    """[max_position_embeddings, head_dim] float32 on `device`: cos of position x inverse frequency, then sin
+    (for the local layers with `local`)."""
+    theta = (config.rope_local_theta or config.rope_theta) if local else config.rope_theta
+    if config.rope_scaling is None or local:
+        return get_ops(device).build_cos_sin_cache(config.head_dim, config.max_position_embeddings, theta, device)
     positions = torch.arange(config.max_position_embeddings, dtype=torch.int64).float()
     freqs = torch.outer(positions, inv_freq(config))
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)

@@ -1,8 +1,10 @@
 """Hugging Face checkpoints: a directory with config.json and *.safetensors.
 
 Supports LlamaForCausalLM (Llama 3.x "llama3" rope scaling included),
-MistralForCausalLM, Qwen2ForCausalLM (biases on q/k/v) and Qwen3ForCausalLM
-(per-head q/k norms). Weights are renamed into our layout, fusing q/k/v and
+MistralForCausalLM (its `sliding_window` when set), Qwen2ForCausalLM (biases on
+q/k/v), Qwen3ForCausalLM (per-head q/k norms) and Gemma3ForCausalLM
+(model_type "gemma3_text"; inference.engine.gemma3_config reads its config, and
+its norm weights are stored as 1 + weight, see inference.engine.llama). Weights are renamed into our layout, fusing q/k/v and
 gate/up. Any other rope scaling, sliding-window Qwen layers, partial rotary
 embeddings or MLP biases are refused with a ValueError naming them.
 """
@@ -15,9 +17,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from . import gemma3_config
 from .model_config import ModelConfig, RopeScaling
 
-_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+_GEMMA_NORMS = {"input_layernorm": "input_layernorm", "post_attention_layernorm": "attn_output_norm",
+                "pre_feedforward_layernorm": "post_attention_layernorm",
+                "post_feedforward_layernorm": "mlp_output_norm"}  # transformers' name -> ours
 
 
 def rope_from_hf(config: dict) -> tuple[float, RopeScaling | None]:
@@ -46,17 +52,25 @@ def rope_from_hf(config: dict) -> tuple[float, RopeScaling | None]:
         raise ValueError(f"llama3 rope scaling lacks {exc}: {rope}") from None
 
 
-def config_from_hf(config: dict) -> ModelConfig:
-    model_type = config.get("model_type")
-    if model_type not in _MODEL_TYPES:
-        raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(_MODEL_TYPES)}")
+def _llama_fields(config: dict, model_type: str) -> dict:
     rope_theta, rope_scaling = rope_from_hf(config)
-    if config.get("mlp_bias"):
-        raise ValueError("MLP biases are not supported")
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"activation {config.get('hidden_act')!r} is not supported")
     if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window"):
         raise ValueError("sliding-window attention (use_sliding_window) is not supported")
+    window = config.get("sliding_window") if model_type == "mistral" else None
+    return dict(rope_theta=rope_theta, rope_scaling=rope_scaling, sliding_window=int(window) if window else None,
+                tie_word_embeddings=bool(config.get("tie_word_embeddings", False)))
+
+
+def config_from_hf(config: dict) -> ModelConfig:
+    model_type = config.get("model_type")
+    if model_type not in _MODEL_TYPES:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(_MODEL_TYPES)}")
+    if config.get("mlp_bias"):
+        raise ValueError("MLP biases are not supported")
+    gemma = model_type == "gemma3_text"
+    fields = gemma3_config.fields_from_hf(config) if gemma else _llama_fields(config, model_type)
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     eos = config.get("eos_token_id")
     return ModelConfig(
@@ -68,14 +82,12 @@ def config_from_hf(config: dict) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=int(config.get("num_key_value_heads") or heads),
         head_dim=int(config.get("head_dim") or hidden // heads),
-        rope_theta=rope_theta,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
         bos_token_id=config.get("bos_token_id"),
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
-        rope_scaling=rope_scaling,
+        **fields,
     )
 
 
@@ -106,6 +118,8 @@ def load_safetensors(path: str | Path, *, dtype: torch.dtype) -> tuple[ModelConf
         tensor = raw.get(prefix + name)
         if tensor is None:
             raise KeyError(f"{path}: tensor {prefix + name} is missing")
+        if config.gemma and name.endswith("norm.weight"):  # Gemma's norms scale by 1 + weight (in float32)
+            return (tensor.float() + 1.0).to(dtype)
         return tensor.to(dtype)
 
     state = {"embed_tokens.weight": get("embed_tokens.weight"), "norm.weight": get("norm.weight")}
@@ -125,6 +139,7 @@ def load_safetensors(path: str | Path, *, dtype: torch.dtype) -> tuple[ModelConf
         state[f"{out}.mlp.gate_up_proj.weight"] = torch.cat(
             (get(f"{src}.mlp.gate_proj.weight"), get(f"{src}.mlp.up_proj.weight")))
         state[f"{out}.mlp.down_proj.weight"] = get(f"{src}.mlp.down_proj.weight")
-        state[f"{out}.input_layernorm.weight"] = get(f"{src}.input_layernorm.weight")
-        state[f"{out}.post_attention_layernorm.weight"] = get(f"{src}.post_attention_layernorm.weight")
+        norms = _GEMMA_NORMS if config.gemma else {n: n for n in ("input_layernorm", "post_attention_layernorm")}
+        for theirs, ours in norms.items():
+            state[f"{out}.{ours}.weight"] = get(f"{src}.{theirs}.weight")
     return config, state

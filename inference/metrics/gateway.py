@@ -6,7 +6,7 @@ handler name (never the raw path, nor a method a client made up: both would
 let clients create series). `refusal_count` is called by
 `inference.api.services.ajob_submit` for every refusal between a valid
 request and the queue: admission (`rate_limit_exceeded`,
-`insufficient_quota`, `limits_unavailable`) and capacity (`no_worker`,
+`insufficient_quota`, `limits_unavailable`) and capacity (`model_unavailable`,
 `queue_full`), for REST and WebSocket requests alike.
 """
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 from typing import Any
 
@@ -39,15 +40,30 @@ _sink: EventSink | None = None
 _receivers = LocalReceivers()
 
 
+# model -> (when, why) its engine last failed to load: requests meanwhile get a 503 instead of a queued job
+# nobody takes; a load is tried again LOAD_RETRY_S after the failure
+_load_failures: dict[str, tuple[float, str]] = {}
+LOAD_RETRY_S = 30.0
+
+
 def _run(loop: WorkerLoop) -> None:
     try:
         loop.run()
-    except Exception:  # noqa: BLE001 - logged; the next ensure_embedded_worker() starts a new one
+    except Exception as exc:  # noqa: BLE001 - logged; the next ensure_embedded_worker() starts a new one
         logger.exception("embedded worker %s crashed", loop.worker_id)
+        if loop.engine is None:  # the model did not load (files gone, unsupported, out of memory)
+            _load_failures[loop.model] = (time.monotonic(), str(exc) or type(exc).__name__)
+
+
+def _load_failure_check(model: str) -> None:
+    failure = _load_failures.get(model)
+    if failure is not None and time.monotonic() - failure[0] < LOAD_RETRY_S:
+        raise RuntimeError(f"the model `{model}` failed to load: {failure[1]}")
 
 
 def ensure_embedded_worker(model: str | None = None) -> WorkerLoop:
-    """Start (once) the engine thread serving `model` (default settings.DEFAULT_MODEL)."""
+    """Start (once) the engine thread serving `model` (default settings.DEFAULT_MODEL): one thread, engine and
+    queue (the job queue's, keyed by model) per model, so SERVE_MODELS=a,b serves both from this process."""
     global _sink
     try:
         bind_event_loop(asyncio.get_running_loop())
@@ -57,6 +73,7 @@ def ensure_embedded_worker(model: str | None = None) -> WorkerLoop:
     entry = _workers.get(model)
     if entry is not None and entry[1].is_alive():
         return entry[0]
+    _load_failure_check(model)
     with _lock:
         entry = _workers.get(model)
         if entry is not None and entry[1].is_alive():
@@ -84,6 +101,7 @@ def embedded_worker_stop(timeout: float = 30.0) -> None:
     with _lock:
         entries = list(_workers.values())
         _workers.clear()
+        _load_failures.clear()
     for worker, _thread in entries:
         worker.request_drain()
     for _worker, thread in entries:
@@ -100,10 +118,18 @@ class EmbeddedWorkers:
         # Called on the event loop on purpose: it records this loop, on which the engine thread
         # delivers in-memory channel-layer events. Idempotent and cheap after the first call (the
         # engine itself loads in its thread).
+        from inference.served_models import serve_models
+
+        if model not in serve_models():  # no engine of it here, nor one to come: no use waiting
+            raise ServiceUnavailable(
+                f"The model `{model}` is not being served right now (this server serves "
+                f"{', '.join(serve_models())}; SERVE_MODELS). Please retry later.",
+                code="model_unavailable", headers={"Retry-After": "5"})
         try:
             ensure_embedded_worker(model)
         except Exception as exc:
-            raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="no_worker") from exc
+            raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="model_unavailable",
+                                     headers={"Retry-After": "5"}) from exc
 
     @property
     def receivers(self) -> LocalReceivers:

@@ -34,15 +34,19 @@ def engine_build(
     max_num_seqs: int | None = None,
     **extra: Any,
 ) -> Any:
-    """An Engine for `model` on `device`; an argument left None takes its setting, a setting left None the
+    """An Engine for `model` on `device` (a built-in name, or any ServedModel row's: its files are registered
+    first); an argument left None takes the model's row's value (dtype) or its setting, a setting left None the
     engine's default. The KV cache is sized from the device's free memory unless a size is given (the
     engine logs the size and its tokens; inference.engine.kv_sizing); a cache that cannot hold one
     max-length sequence raises KvCacheSizeError here, at start."""
     from inference.engine import Engine, EngineConfig  # torch loads only in processes that build an engine
 
+    from inference.served_models import served_model_engine_setup
+
     engine_runtime_configure()
+    row_options = served_model_engine_setup(name=model)  # an added model's files, under its name
     options = {
-        "dtype": dtype or settings.ENGINE_DTYPE,
+        "dtype": dtype or row_options.get("dtype") or settings.ENGINE_DTYPE,
         "kv_cache_mb": kv_cache_mb or settings.ENGINE_KV_CACHE_MB,
         # `is None`, not `or`: a 0 asked for is refused by EngineConfig, not replaced by the default
         "kv_cache_fraction": settings.ENGINE_KV_CACHE_FRACTION if kv_cache_fraction is None else kv_cache_fraction,
@@ -52,7 +56,5 @@ def engine_build(
     }
     options = {name: value for name, value in options.items() if value is not None}  # None: EngineConfig's default
     if "batch_invariant" not in extra:  # the operator's choice for this model (admin: Served models)
-        from inference.selectors import served_model_batch_invariant
-
-        options["batch_invariant"] = served_model_batch_invariant(name=model)
+        options["batch_invariant"] = row_options["batch_invariant"]
     return Engine(EngineConfig(model=model, device=device, **options, **extra))

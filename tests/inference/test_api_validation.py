@@ -9,6 +9,7 @@ before a job is queued.
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -362,10 +363,13 @@ async def test_no_worker_is_503(asgi_client, key, settings):
     from inference.models import ServedModel
 
     settings.EMBEDDED_WORKER = False
+    settings.MODEL_WAIT_S = 0.3  # the bounded wait for a worker, kept short here
     await ServedModel.objects.acreate(name="ghost-model", source=f"gguf:{builtin_gguf_path()}", enabled=True)
+    started = time.monotonic()
     response = await post(asgi_client, "/v1/chat/completions", key, chat(model="ghost-model"))
-    check(response, 503, param=None, code="no_worker", error_type="server_error")
-    assert response.headers["retry-after"]
+    check(response, 503, param=None, code="model_unavailable", error_type="server_error")
+    assert "ghost-model" in response.json()["error"]["message"] and int(response.headers["retry-after"]) >= 1
+    assert 0.3 <= time.monotonic() - started < 5  # it waited for a worker, a bounded time
 
 
 @pytestmark_db

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from common.errors import ServiceUnavailable
-from inference.api import services
+from inference.api import capacity as services
 
 
 class FakeQueue:
@@ -23,6 +23,7 @@ class FakeQueue:
 @pytest.fixture
 def queue(monkeypatch, settings):
     settings.EMBEDDED_WORKER = False
+    settings.MODEL_WAIT_S = 0  # ask once, no wait (the bounded wait: test_a_missing_worker_is_waited_for)
     fake = FakeQueue()
     monkeypatch.setattr("inference.queue.get_job_queue", lambda: fake)
     monkeypatch.setattr(services, "LIVE_WORKERS_TTL_S", 0.2)
@@ -35,25 +36,49 @@ def queue(monkeypatch, settings):
 
 
 async def test_a_yes_is_trusted_then_rechecked_off_the_request_path(queue):
-    await services._capacity_check("m")  # nothing known: asked on the request path
+    await services.capacity_check("m")  # nothing known: asked on the request path
     assert queue.asked == 1
-    await services._capacity_check("m")  # younger than the re-check age: nothing asked
+    await services.capacity_check("m")  # younger than the re-check age: nothing asked
     assert queue.asked == 1
     await asyncio.sleep(0.12)
     queue.workers = []  # the last worker dies
-    await services._capacity_check("m")  # older: answered from memory, one re-check started
-    await services._capacity_check("m")
+    await services.capacity_check("m")  # older: answered from memory, one re-check started
+    await services.capacity_check("m")
     recheck = services._live_rechecks["m"]
     await recheck
     assert queue.asked == 2
     with pytest.raises(ServiceUnavailable) as failure:  # the re-check's "no" applies to the next request
-        await services._capacity_check("m")
-    assert failure.value.code == "no_worker" and queue.asked == 3
+        await services.capacity_check("m")
+    assert failure.value.code == "model_unavailable" and queue.asked == 3
 
 
 async def test_without_any_worker_every_request_asks_and_gets_503(queue):
     queue.workers = []
     for expected in (1, 2):
         with pytest.raises(ServiceUnavailable):
-            await services._capacity_check("m")
+            await services.capacity_check("m")
         assert queue.asked == expected
+
+
+async def test_a_missing_worker_is_waited_for_a_bounded_time(queue, settings, monkeypatch):
+    monkeypatch.setattr(services, "WAIT_POLL_S", 0.05)
+    settings.MODEL_WAIT_S = 0.3
+    queue.workers = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ServiceUnavailable) as failure:
+        await services.capacity_check("m")
+    assert 0.3 <= loop.time() - started < 2 and queue.asked >= 3
+    assert failure.value.code == "model_unavailable" and failure.value.headers["Retry-After"] == "5"
+    asked = queue.asked
+
+    async def worker_comes_up():
+        await asyncio.sleep(0.1)
+        queue.workers = [{"worker_id": "w2"}]
+
+    settings.MODEL_WAIT_S = 5
+    arrival = asyncio.ensure_future(worker_comes_up())
+    started = loop.time()
+    await services.capacity_check("m")  # the worker came up within the wait: served
+    await arrival
+    assert loop.time() - started < 1 and queue.asked > asked

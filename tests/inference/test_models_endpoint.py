@@ -22,7 +22,8 @@ def test_list_shape_for_wildcard_tier(api_client, api_key_factory, tenant_factor
     assert body["object"] == "list"
     assert [item["id"] for item in body["data"]] == ["alpha", "beta", "org/delta"]  # gamma is disabled
     for item in body["data"]:
-        assert set(item) == {"id", "object", "created", "owned_by"}
+        assert set(item) == {"id", "object", "created", "owned_by", "max_model_len"}
+        assert item["max_model_len"] == models[item["id"]].context_length
         assert item["object"] == "model" and item["owned_by"] == "lab"
         assert item["created"] == int(models[item["id"]].created_at.timestamp())
 
@@ -48,7 +49,8 @@ def test_tier_change_applies_on_next_request(api_client, api_key_factory, tenant
 def test_retrieve(api_client, api_key, models):
     response = api_client.get("/v1/models/alpha", **bearer(api_key.key))
     assert response.status_code == 200
-    assert response.json() == {"id": "alpha", "object": "model", "created": models["alpha"].created_unix, "owned_by": "lab"}
+    assert response.json() == {"id": "alpha", "object": "model", "created": models["alpha"].created_unix,
+                               "owned_by": "lab", "max_model_len": 8192}
     assert api_client.get("/v1/models/org/delta", **bearer(api_key.key)).json()["id"] == "org/delta"
 
 

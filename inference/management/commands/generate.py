@@ -21,34 +21,22 @@ from inference.worker.engine_factory import engine_runtime_configure
 def _register_from_database(name: str) -> bool:
     """Register a ServedModel row's files under `name`; False when there is no usable row
     (or no table yet: the command must work before migrations)."""
-    import importlib.metadata
-
     from django.db import DatabaseError
 
-    from inference.engine.registry import register_model
+    from inference.model_sources import SourceError
 
     try:
         from inference.models import ServedModel
+        from inference.served_models import served_model_register
 
         row = ServedModel.objects.filter(name=name, enabled=True).first()
     except DatabaseError:
         return False
     if row is None:
         return False
-    source = row.source
-    if source.startswith("gguf:"):
-        path = source[len("gguf:"):]
-    elif source.startswith("pypi:"):
-        dist, _, rel = source[len("pypi:"):].partition("/")
-        try:
-            path = str(importlib.metadata.distribution(dist).locate_file(rel))
-        except importlib.metadata.PackageNotFoundError:
-            return False
-    else:
-        path = source
     try:
-        register_model(name, path, context_length=row.context_length)
-    except ValueError:
+        served_model_register(row)
+    except (SourceError, ValueError):
         return False
     return True
 

@@ -1,6 +1,6 @@
 """python manage.py run_worker --model NAME --device cpu|cuda:N [--metrics-port N]
 
-One worker process: loads the model, serves its queue until SIGTERM (drain:
+One worker process: loads the model (a built-in name or any `manage.py model_add`ed one), serves its queue until SIGTERM (drain:
 no new work, finish the requests in hand, exit). A second SIGTERM or SIGINT
 stops at once; unstarted jobs go back to the queue, started ones end with an
 error event.
@@ -17,7 +17,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.config import check_step_order
+from inference.model_sources import SourceError
 from inference.queue import get_job_queue
+from inference.served_models import served_model_check
 from inference.worker.engine_factory import engine_build
 from inference.worker.events import EventSink
 from inference.worker.loop import WorkerLoop
@@ -78,6 +80,10 @@ class Command(BaseCommand):
         if not DEVICE_RE.match(device):
             raise CommandError(f"--device must be cpu or cuda:N, not {device!r}")
         model = options["model"]
+        try:
+            served_model_check(name=model)  # before any heartbeat says it is loading
+        except SourceError as exc:
+            raise CommandError(f"cannot serve {model!r}: {exc}") from exc
         max_num_seqs = options["max_num_seqs"] or settings.ENGINE_MAX_NUM_SEQS
 
         def build():
