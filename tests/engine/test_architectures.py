@@ -6,88 +6,41 @@ same greedy tokens, over sequences of several KV blocks, through the paged model
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
-from gguf.quants import quantize as gguf_quantize
 
 from inference.engine import rope
 from inference.engine.gguf_loader import config_from_gguf_metadata, load_gguf, read_gguf_config
 from inference.engine.loader import build_model, load_model
 from inference.engine.model_config import RopeScaling
 from inference.engine.safetensors_loader import config_from_hf
+from tests.engine.arch_helpers import (
+    TINY_DIMS, Q, engine_prefix_hit_gives_transformers_tokens, greedy_against_transformers, gguf_tensors,
+    loaded_with_tokenizer, random_prompt, tiny_hf_model, write_gguf,
+)
 from tests.engine.paged_inputs import PagedSequences, hf_logits
 
-Q = GGMLQuantizationType
-VOCAB = 320
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # head_dim 16: all three bands
-TOLERANCE = 1e-4  # float32 logits
-
-
-def _randomise_norms(model) -> None:
-    """Random norm weights (q/k norms included), so that a mixed-up or missing norm shows."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(torch.randn_like(param) * 0.5 + 1.0)
 
 
 def hf_llama3(tie: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         rms_norm_eps=1e-5, tie_word_embeddings=tie, rope_parameters=dict(LLAMA3_ROPE))
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    _randomise_norms(model)
-    return model
+    config = LlamaConfig(**TINY_DIMS, num_hidden_layers=2, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+                         rope_parameters=dict(LLAMA3_ROPE))
+    return tiny_hf_model(LlamaForCausalLM, config, seed=0)
 
 
 def hf_qwen3(head_dim: int = 32, tie: bool = False):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
-                         max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=5000.0, tie_word_embeddings=tie)
-    torch.manual_seed(1)
-    model = Qwen3ForCausalLM(config).eval()
-    _randomise_norms(model)
-    return model
-
-
-def greedy_against_transformers(model, hf, prompt: list[int], steps: int, block_size: int = 8) -> float:
-    """Prefill `prompt` through the paged model, then `steps` greedy decodes; every step's logits against
-    transformers' on the whole sequence and the same argmax. -> the worst |logit difference|."""
-    paged = PagedSequences(model, dtype=torch.float32, num_blocks=64, block_size=block_size)
-    ours = paged.step([("s", prompt)], all_rows=True)
-    reference = hf_logits(hf, prompt)
-    tokens, worst = list(prompt), 0.0
-    for _ in range(steps):
-        worst = max(worst, (ours - reference[-ours.shape[0]:]).abs().max().item())
-        assert worst < TOLERANCE
-        token = int(reference[-1].argmax())
-        assert int(ours[-1].argmax()) == token
-        tokens.append(token)
-        ours = paged.step([("s", [token])])
-        reference = hf_logits(hf, tokens)
-    return worst
-
-
-def hf_greedy(hf, prompt: list[int], steps: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(steps):
-        tokens.append(int(hf_logits(hf, tokens)[-1].argmax()))
-    return tokens[len(prompt):]
-
-
-def _prompt(length: int, seed: int = 0) -> list[int]:
-    return torch.randint(1, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    config = Qwen3Config(**TINY_DIMS, num_hidden_layers=2, head_dim=head_dim, rms_norm_eps=1e-6,
+                         rope_theta=5000.0, tie_word_embeddings=tie)
+    return tiny_hf_model(Qwen3ForCausalLM, config, seed=1)
 
 
 # -- rope scaling: frequencies and configs ---------------------------------------------------------
@@ -150,14 +103,14 @@ def test_safetensors_models_match_transformers(family, tmp_path):
         assert config.rope_scaling is None
     else:
         assert config.rope_scaling.from_params and not config.qk_norm
-    greedy_against_transformers(loaded.model, hf, _prompt(44), steps=10)  # 6 blocks of 8
+    greedy_against_transformers(loaded.model, hf, random_prompt(44), steps=10)  # 6 blocks of 8
 
 
 def test_bfloat16_qwen3_is_close(tmp_path):
     hf = hf_qwen3()
     hf.save_pretrained(tmp_path)
     loaded = load_model(str(tmp_path), dtype="bfloat16")
-    prompt = _prompt(30, seed=2)
+    prompt = random_prompt(30, seed=2)
     ours = PagedSequences(loaded.model, dtype=torch.bfloat16, num_blocks=8, block_size=8).step([("s", prompt)])
     assert torch.nn.functional.cosine_similarity(ours[0], hf_logits(hf, prompt)[-1], dim=0) > 0.99
 
@@ -182,58 +135,6 @@ def llama_cpp_rope_freqs(params: dict, head_dim: int) -> np.ndarray:
     return np.asarray(factors, dtype=np.float32)
 
 
-def write_gguf(path, arch: str, hf, tensors: dict[str, tuple[np.ndarray, Q]]) -> None:
-    config = hf.config
-    writer = GGUFWriter(str(path), arch)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
-    for name, (values, qtype) in tensors.items():
-        if qtype in (Q.F32, Q.F16):
-            writer.add_tensor(name, values.astype(np.float32 if qtype == Q.F32 else np.float16))
-        else:
-            writer.add_tensor(name, gguf_quantize(values.astype(np.float32), qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-def gguf_tensors(hf, types: dict[str, Q], permute_heads: bool) -> dict[str, tuple[np.ndarray, Q]]:
-    """The HF model's weights under llama.cpp's names (Q/K rows permuted for the "llama" arch), in `types`
-    (by GGUF suffix; F32 for anything not named)."""
-    from tests.engine.test_gguf_loader import llama_cpp_permute
-
-    w = {name: p.detach().numpy() for name, p in hf.named_parameters()}
-    config = hf.config
-    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-    layer_names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                   "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-                   "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                   "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-    for i in range(config.num_hidden_layers):
-        names.update({f"blk.{i}.{k}": f"model.layers.{i}.{v}" for k, v in layer_names.items()})
-    tensors = {}
-    for gguf_name, hf_name in names.items():
-        if f"{hf_name}.weight" not in w or (gguf_name == "output" and config.tie_word_embeddings):
-            continue
-        values = w[f"{hf_name}.weight"]
-        suffix = gguf_name.rsplit(".", 1)[-1]
-        if permute_heads and suffix in ("attn_q", "attn_k"):
-            values = llama_cpp_permute(values, config.num_attention_heads if suffix == "attn_q"
-                                       else config.num_key_value_heads)
-        tensors[f"{gguf_name}.weight"] = (values, types.get(suffix, Q.F32))
-    return tensors
-
-
 def test_llama3_gguf_with_rope_freqs_matches_transformers(tmp_path):
     hf = hf_llama3()
     tensors = gguf_tensors(hf, {"attn_v": Q.F16, "ffn_up": Q.F16}, permute_heads=True)
@@ -254,7 +155,7 @@ def test_llama3_gguf_with_rope_freqs_matches_transformers(tmp_path):
     torch.testing.assert_close(rope.inv_freq(config), rope.inv_freq(config_from_hf(hf.config.to_dict())),
                                rtol=1e-6, atol=0)  # llama.cpp's divisors: within a rounding of transformers'
     # transformers' GGUF loader ignores rope_freqs, so the reference is the same weights from the HF config
-    greedy_against_transformers(build_model(config, state, torch.device("cpu")), hf, _prompt(44, 3), steps=10)
+    greedy_against_transformers(build_model(config, state, torch.device("cpu")), hf, random_prompt(44, 3), steps=10)
 
 
 @pytest.mark.slow
@@ -274,7 +175,7 @@ def test_qwen3_gguf_with_quantized_tensors_matches_transformers_gguf_loading(tmp
         ("qwen3", 128, True, True)
     model = build_model(config, state, torch.device("cpu"))
     assert torch.equal(model.layers[1].self_attn.k_norm.weight, reference.model.layers[1].self_attn.k_norm.weight)
-    greedy_against_transformers(model, reference, _prompt(44, 4), steps=10)
+    greedy_against_transformers(model, reference, random_prompt(44, 4), steps=10)
 
 
 # -- through the engine: chunked prefill and a prefix-cache hit ------------------------------------
@@ -283,27 +184,13 @@ def test_qwen3_gguf_with_quantized_tensors_matches_transformers_gguf_loading(tmp
 def tiny_engine_model(request, tmp_path_factory, smollm_tokenizer):
     """(a LoadedModel of a tiny random model from safetensors, with SmolLM2's tokenizer; its HF reference)."""
     hf = hf_llama3() if request.param == "llama3" else hf_qwen3()
-    path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path)
-    loaded = load_model(str(path), dtype=torch.float32, device="cpu")
-    return dataclasses.replace(loaded, tokenizer=smollm_tokenizer), hf
+    return loaded_with_tokenizer(hf, tmp_path_factory.mktemp(request.param), smollm_tokenizer)
 
 
 @pytest.mark.slow
 def test_engine_chunked_prefill_and_prefix_hit_give_transformers_tokens(tiny_engine_model):
-    from inference.engine import Engine, EngineConfig, SamplingParams
-
     loaded, hf = tiny_engine_model
-    shared = _prompt(40, seed=5)
-    prompts = [shared + _prompt(30, seed=6), shared + _prompt(25, seed=7)]  # 70 and 65 tokens: 5 blocks of 16
-    steps = 12
-    expected = [hf_greedy(hf, p, steps) for p in prompts]
-    engine = Engine(EngineConfig(model=loaded.source.path, device="cpu", dtype="float32", num_kv_blocks=32,
-                                 max_num_seqs=4, max_num_batched_tokens=24, block_size=16),  # prompts in chunks
-                    loaded=loaded)
-    greedy = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
-    first = engine.generate([prompts[0]], greedy)[0]
-    assert first.usage.cached_tokens == 0 and first.new_token_ids == expected[0]
-    second = engine.generate([prompts[1]], greedy)[0]
-    assert second.usage.cached_tokens == 32  # the shared 40 tokens, block-aligned
-    assert second.new_token_ids == expected[1]
+    shared = random_prompt(40, seed=5)
+    prompts = [shared + random_prompt(30, seed=6), shared + random_prompt(25, seed=7)]  # 70, 65 tokens: 5 blocks of 16
+    engine_prefix_hit_gives_transformers_tokens(loaded, hf, prompts, steps=12,
+                                                max_num_batched_tokens=24)  # prompts in chunks

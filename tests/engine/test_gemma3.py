@@ -7,8 +7,6 @@ through the engine (chunked prefill, a prefix-cache hit, batch-invariant mode). 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -18,37 +16,26 @@ from inference.engine.gguf_loader import load_gguf
 from inference.engine.loader import build_model, load_model
 from inference.engine.model_config import RopeScaling
 from inference.engine.safetensors_loader import config_from_hf
-from tests.engine.paged_inputs import hf_logits
-from tests.engine.test_architectures import (
-    Q, VOCAB, _prompt, gguf_tensors, greedy_against_transformers, hf_greedy,
+from tests.engine.arch_helpers import (
+    TINY_DIMS, Q, engine_prefix_hit_gives_transformers_tokens, greedy_against_transformers, gguf_tensors,
+    loaded_with_tokenizer, random_prompt, tiny_hf_model, write_gguf,
 )
+from tests.engine.paged_inputs import hf_logits
 
 WINDOW = 8
 GEMMA_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 50000.0},
               "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}
 
 
-def _randomise_norms(model) -> None:
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(torch.randn_like(param) * 0.5)  # Gemma's norms scale by 1 + weight
-
-
 def hf_gemma3(*, head_dim: int = 32, layers: int = 5, pattern: int = 3, scalar: int = 48, final_cap=None,
               rope_parameters=None, seed: int = 0):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
-                              max_position_embeddings=512, rms_norm_eps=1e-6, sliding_window=WINDOW,
-                              sliding_window_pattern=pattern, query_pre_attn_scalar=scalar,
+    config = Gemma3TextConfig(**TINY_DIMS, num_hidden_layers=layers, head_dim=head_dim, rms_norm_eps=1e-6,
+                              sliding_window=WINDOW, sliding_window_pattern=pattern, query_pre_attn_scalar=scalar,
                               final_logit_softcapping=final_cap, rope_parameters=rope_parameters,
                               pad_token_id=0, bos_token_id=2, eos_token_id=1)
-    torch.manual_seed(seed)
-    model = Gemma3ForCausalLM(config).eval()
-    _randomise_norms(model)
-    return model
+    return tiny_hf_model(Gemma3ForCausalLM, config, seed=seed, norm_centre=0.0)  # Gemma's norms: 1 + weight
 
 
 # -- configs -----------------------------------------------------------------------------------------
@@ -95,21 +82,19 @@ def test_gemma3_safetensors_matches_transformers_past_the_window(variant, tmp_pa
     hf.save_pretrained(tmp_path)
     loaded = load_model(str(tmp_path), dtype=torch.float32, device="cpu")
     assert loaded.config.final_logit_softcapping == (None if variant == "plain" else 3.0)
-    greedy_against_transformers(loaded.model, hf, _prompt(29, seed=8), steps=12)  # window 8, blocks of 8
+    greedy_against_transformers(loaded.model, hf, random_prompt(29, seed=8), steps=12)  # window 8, blocks of 8
 
 
 def test_mistral_sliding_window_matches_transformers(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                           sliding_window=WINDOW)
+    config = MistralConfig(**TINY_DIMS, num_hidden_layers=2, sliding_window=WINDOW)
     torch.manual_seed(2)
     hf = MistralForCausalLM(config).eval()
     hf.save_pretrained(tmp_path)
     loaded = load_model(str(tmp_path), dtype=torch.float32, device="cpu")
     assert [loaded.config.layer_window(i) for i in range(2)] == [WINDOW, WINDOW]
-    greedy_against_transformers(loaded.model, hf, _prompt(27, seed=9), steps=8)
+    greedy_against_transformers(loaded.model, hf, random_prompt(27, seed=9), steps=8)
 
 
 def gemma3_gguf_tensors(hf, types: dict) -> dict:
@@ -124,35 +109,6 @@ def gemma3_gguf_tensors(hf, types: dict) -> dict:
     return {name: (values + 1 if "norm" in name else values, qtype) for name, (values, qtype) in tensors.items()}
 
 
-def write_gemma3_gguf(path, hf, tensors: dict) -> None:
-    from gguf import GGUFWriter
-    from gguf.quants import quantize
-
-    config = hf.config
-    writer = GGUFWriter(str(path), "gemma3")
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_sliding_window(config.sliding_window)
-    writer.add_vocab_size(config.vocab_size)
-    for name, (values, qtype) in tensors.items():
-        if qtype in (Q.F32, Q.F16):
-            writer.add_tensor(name, values.astype(np.float32 if qtype == Q.F32 else np.float16))
-        else:
-            writer.add_tensor(name, quantize(values.astype(np.float32), qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.mark.slow
 def test_gemma3_gguf_matches_transformers_gguf_loading(tmp_path):
     # transformers' GGUF loader takes Gemma 3's defaults for what the header lacks: query_pre_attn_scalar 256
@@ -163,7 +119,9 @@ def test_gemma3_gguf_matches_transformers_gguf_loading(tmp_path):
     types = {"token_embd": Q.Q8_0, "attn_q": Q.Q8_0, "attn_k": Q.Q5_0, "attn_v": Q.F16, "ffn_gate": Q.Q4_0,
              "ffn_up": Q.Q4_1, "ffn_down": Q.F16}
     path = tmp_path / "tiny-gemma3.gguf"
-    write_gemma3_gguf(path, hf, gemma3_gguf_tensors(hf, types))
+    write_gguf(path, "gemma3", hf, gemma3_gguf_tensors(hf, types),
+               rope_theta=hf.config.rope_parameters["full_attention"]["rope_theta"],
+               sliding_window=hf.config.sliding_window)
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
@@ -173,37 +131,24 @@ def test_gemma3_gguf_matches_transformers_gguf_loading(tmp_path):
     model = build_model(config, state, torch.device("cpu"))
     torch.testing.assert_close(model.layers[1].mlp_output_norm.weight - 1,
                                reference.model.layers[1].post_feedforward_layernorm.weight)
-    greedy_against_transformers(model, reference, _prompt(27, 10), steps=10)
+    greedy_against_transformers(model, reference, random_prompt(27, 10), steps=10)
 
 
 # -- through the engine: chunked prefill, a prefix-cache hit, batch-invariant mode ---------------------
 
 @pytest.fixture(scope="module")
 def tiny_gemma3(tmp_path_factory, smollm_tokenizer):
-    hf = hf_gemma3(rope_parameters=GEMMA_ROPE, seed=3)
-    path = tmp_path_factory.mktemp("gemma3")
-    hf.save_pretrained(path)
-    loaded = load_model(str(path), dtype=torch.float32, device="cpu")
-    return dataclasses.replace(loaded, tokenizer=smollm_tokenizer), hf
+    return loaded_with_tokenizer(hf_gemma3(rope_parameters=GEMMA_ROPE, seed=3), tmp_path_factory.mktemp("gemma3"),
+                                 smollm_tokenizer)
 
 
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_gemma3_engine_chunked_prefill_and_prefix_hit_give_transformers_tokens(tiny_gemma3, batch_invariant):
-    from inference.engine import Engine, EngineConfig, SamplingParams
-
     loaded, hf = tiny_gemma3
-    shared = _prompt(40, seed=11)
-    prompts = [shared + _prompt(14, seed=12), shared + _prompt(9, seed=13)]  # 54 and 49 tokens, window 8
-    steps = 12
-    expected = [hf_greedy(hf, p, steps) for p in prompts]
-    engine = Engine(EngineConfig(model=loaded.source.path, device="cpu", dtype="float32", num_kv_blocks=32,
-                                 max_num_seqs=4, max_num_batched_tokens=20, block_size=16,
-                                 batch_invariant=batch_invariant), loaded=loaded)
-    greedy = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
-    first = engine.generate([prompts[0]], greedy)[0]
-    assert first.usage.cached_tokens == 0 and first.new_token_ids == expected[0]
-    second = engine.generate([prompts[1]], greedy)[0]
-    assert second.usage.cached_tokens == 32 and second.new_token_ids == expected[1]
+    shared = random_prompt(40, seed=11)
+    prompts = [shared + random_prompt(14, seed=12), shared + random_prompt(9, seed=13)]  # 54 and 49 tokens, window 8
+    engine, greedy, expected = engine_prefix_hit_gives_transformers_tokens(
+        loaded, hf, prompts, steps=12, max_num_batched_tokens=20, batch_invariant=batch_invariant)
     both = engine.generate(prompts, greedy)  # together, every prompt block from the cache
     assert [out.new_token_ids for out in both] == expected
 
@@ -213,7 +158,7 @@ def test_gemma3_small_blocks_one_prefill_matches_transformers(tiny_gemma3):
     from tests.engine.paged_inputs import PagedSequences
 
     loaded, hf = tiny_gemma3
-    prompt = _prompt(21, seed=14)
+    prompt = random_prompt(21, seed=14)
     ours = PagedSequences(loaded.model, dtype=torch.float32, num_blocks=8, block_size=4).step([("s", prompt)])
     assert (ours[0] - hf_logits(hf, prompt)[-1]).abs().max().item() < 1e-4
     assert np.isfinite(ours.numpy()).all()
