@@ -1,6 +1,7 @@
 """The model's tokenizer, built with the `tokenizers` library.
 
-From a GGUF we rebuild what the file's metadata describes: a byte-level BPE
+From a GGUF we rebuild what the file's metadata describes: a SentencePiece
+vocabulary (`tokenizer.ggml.model == "llama"`, see tokenizer_spm.py) or a byte-level BPE
 (`tokenizer.ggml.model == "gpt2"`) over tokenizer.ggml.tokens/merges, the
 pre-tokenizer named by tokenizer.ggml.pre (as llama.cpp defines it), the
 control tokens (token_type 3) as special tokens and user-defined ones (4) as
@@ -22,6 +23,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from .chat_template import render_chat_template
 from .gguf_loader import read_gguf_metadata
 from .registry import resolve_model
+from .tokenizer_spm import spm_tokenizer_parts
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +88,8 @@ class Tokenizer:
 
     def __init__(self, backend: BackendTokenizer, *, bos_token_id: int | None, eos_token_id: int,
                  chat_template: str | None, add_bos_token: bool = False, add_eos_token: bool = False,
-                 special_ids: set[int] | None = None, byte_level: bool = True) -> None:
+                 special_ids: set[int] | None = None, byte_level: bool = True,
+                 token_bytes: list[bytes] | None = None) -> None:
         self.backend = backend
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -100,7 +103,7 @@ class Tokenizer:
         self.bos_token = backend.id_to_token(bos_token_id) if bos_token_id is not None else None
         self.eos_token = backend.id_to_token(eos_token_id)
         self._byte_level = byte_level
-        self._token_bytes: list[bytes] | None = None
+        self._token_bytes: list[bytes] | None = token_bytes  # (else built from the vocabulary on first use)
         self._token_texts: list[str | None] | None = None
 
     # -- text <-> ids ---------------------------------------------------------------------------
@@ -188,8 +191,11 @@ class Tokenizer:
     @classmethod
     def from_gguf_metadata(cls, metadata: dict) -> Tokenizer:
         kind = metadata.get("tokenizer.ggml.model")
+        if kind == "llama":  # SentencePiece (Gemma, Llama 2, Mistral...)
+            return cls(**spm_tokenizer_parts(metadata))
         if kind != "gpt2":
-            raise NotImplementedError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
+            raise NotImplementedError(f"GGUF tokenizer model {kind!r} is not supported "
+                                      "(byte-level BPE, 'gpt2', and SentencePiece, 'llama')")
         tokens: list[str] = metadata["tokenizer.ggml.tokens"]
         types: list[int] = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         alphabet = byte_alphabet()
