@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -75,8 +76,8 @@ def postgres_database_reset(url: str) -> None:
 def usage_records(database_url: str, request_id: str) -> list[dict]:
     """UsageRecord rows of one request, read straight from the server's database."""
     query = (
-        "SELECT request_id, finish_reason, prompt_tokens, cached_tokens, completion_tokens, tier, endpoint, error, "
-        "input_cost_femtos, cached_input_cost_femtos, output_cost_femtos, cost_femtos "
+        "SELECT request_id, model, finish_reason, prompt_tokens, cached_tokens, completion_tokens, tier, endpoint, "
+        "error, input_cost_femtos, cached_input_cost_femtos, output_cost_femtos, cost_femtos "
         "FROM tenants_usagerecord WHERE request_id = {}"
     )
     if database_url.startswith("sqlite:///"):
@@ -177,15 +178,21 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.2, what: str = 
 class EmbeddedServer:
     """One uvicorn process in the embedded mode (engine thread inside), on its own database."""
 
-    def __init__(self, tmp: Path, *, database_url: str | None = None) -> None:
+    def __init__(self, tmp: Path, *, database_url: str | None = None, env: dict[str, str] | None = None,
+                 before_start: Callable[[dict[str, str]], None] | None = None) -> None:
+        """`env`: more variables for every process (e.g. SERVE_MODELS); `before_start(env)` runs once the
+        database is prepared and the keys made, before the server starts (e.g. `model_add`, `price_set`)."""
         self.tmp = tmp
         self.database_url = database_url or f"sqlite:///{tmp / 'api.sqlite3'}"
         if self.database_url.startswith("postgres"):
             postgres_database_reset(self.database_url)
         # A short keep-alive so that tests see the idle comments within one prefill.
-        self.env = process_env(DATABASE_URL=self.database_url, ENGINE_KV_CACHE_MB="256", SSE_KEEPALIVE_S="0.2")
+        self.env = process_env(DATABASE_URL=self.database_url, ENGINE_KV_CACHE_MB="256", SSE_KEEPALIVE_S="0.2",
+                               **(env or {}))
         database_prepare(self.env)
         self.keys = {tier: api_key_new(self.env, tenant=f"t-{tier}", tier=tier) for tier in ("free", "pro", "enterprise")}
+        if before_start is not None:
+            before_start(self.env)
         self.proc, self.url = web_start(self.env, tmp)
 
     def stop(self) -> None:
