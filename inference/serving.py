@@ -43,6 +43,11 @@ class WorkerPool(Protocol):
     def readiness(self, model: str) -> dict[str, str]:
         """What /readyz reports of the workers of `model` (and of what reaches them): "ok" or why not."""
 
+    async def still_served(self, model: str) -> bool:
+        """While a request waits for its events: False once nothing will serve `model`'s queued jobs (no live
+        worker; an engine in this process that failed to load), so the request ends with a 503 instead of
+        waiting for ever. Raises what asking raises (the caller logs it and asks again later)."""
+
 
 class SeparateWorkers:
     """`run_worker` processes: they start themselves and send their events through the channel layer."""
@@ -54,6 +59,13 @@ class SeparateWorkers:
 
     def reply_channel_opened(self, name: str, receiver: Any) -> None:
         pass  # their events come through the channel layer
+
+    async def still_served(self, model: str) -> bool:
+        import asyncio
+
+        from inference.queue import get_job_queue
+
+        return bool(await asyncio.to_thread(get_job_queue().live_workers, model))
 
     def readiness(self, model: str) -> dict[str, str]:
         """The queue's Redis, and a worker whose heartbeat says "serving" (its model is loaded)."""

@@ -158,23 +158,22 @@ class JobRun:
             yield event
 
     async def _liveness_check(self) -> None:
-        if self.cancelled or not get_worker_pool().has_heartbeats:
+        if self.cancelled:
             return
         now = time.monotonic()
         if now < self._next_liveness:
             return
         self._next_liveness = now + LIVENESS_INTERVAL_S
-        from inference.queue import get_job_queue
-
         try:
-            workers = await asyncio.to_thread(get_job_queue().live_workers, self.model)
+            served = await get_worker_pool().still_served(self.model)
         except Exception:
             logger.exception("worker liveness check failed")
             return
-        if not workers:
+        if not served:
             self.cancel()
             raise ServiceUnavailable(
-                f"No worker is serving the model `{self.model}` any more. Please retry later.", code="no_worker"
+                f"No worker is serving the model `{self.model}` any more. Please retry later.", code="no_worker",
+                headers={"Retry-After": "5"},
             )
 
 

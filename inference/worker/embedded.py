@@ -141,3 +141,9 @@ class EmbeddedWorkers:
 
     def readiness(self, model: str) -> dict[str, str]:
         return {}  # no Redis, and the engine serves from its own thread once asked
+
+    async def still_served(self, model: str) -> bool:
+        """False when `model`'s engine thread is gone after its model failed to load: the jobs queued for it
+        would wait for ever (a later request starts a new thread, after LOAD_RETRY_S)."""
+        entry = _workers.get(model)
+        return not (entry is not None and not entry[1].is_alive() and model in _load_failures)
