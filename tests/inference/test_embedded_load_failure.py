@@ -17,21 +17,8 @@ import pytest
 from common.errors import ServiceUnavailable
 from inference.api import job_run
 from inference.api.job_run import JobRun
-from inference.api.replies import Mailbox
 from inference.worker import embedded
-
-
-class _Reply:
-    name = "reply.load-failure!"
-
-    def __init__(self) -> None:
-        self.mailbox = Mailbox()
-
-    def register(self, request_id):
-        return self.mailbox
-
-    def unregister(self, request_id):
-        self.mailbox.close()
+from tests.inference.queue_helpers import OneMailboxReply
 
 
 @pytest.fixture
@@ -66,7 +53,7 @@ def test_a_request_waiting_on_a_model_that_failed_to_load_ends_with_503(failed_m
     monkeypatch.setattr(job_run, "LIVENESS_INTERVAL_S", 0.05)
 
     async def wait() -> JobRun:
-        run = JobRun(reply=_Reply(), request_id="r-broken", model=failed_model)
+        run = JobRun(reply=OneMailboxReply("reply.load-failure!"), request_id="r-broken", model=failed_model)
         run._next_liveness = 0.0
         cancelled = []
         run.cancel = lambda: cancelled.append(True) or setattr(run, "cancelled", True)  # no queue here

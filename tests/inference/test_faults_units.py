@@ -10,10 +10,10 @@ import time
 
 from common.outage import Outage
 from inference.api.job_run import EventsLost, JobRun
-from inference.api.replies import Mailbox
 from inference.protocol import Delta, Done, Usage
 from inference.worker.events import EventSink
 from inference.worker.spool import ConnectionLost, DictSink, Spool
+from tests.inference.queue_helpers import OneMailboxReply
 
 
 class FnSink(DictSink):
@@ -32,21 +32,8 @@ class FnSink(DictSink):
         return lambda: self._settle(rows)
 
 
-class _Reply:
-    name = "reply.test!"
-
-    def __init__(self) -> None:
-        self.mailbox = Mailbox()
-
-    def register(self, request_id):
-        return self.mailbox
-
-    def unregister(self, request_id):
-        self.mailbox.close()
-
-
 async def _read(events) -> tuple[list, JobRun]:
-    reply = _Reply()
+    reply = OneMailboxReply()
     run = JobRun(reply=reply, request_id="r", model="m")
     run.cancel = lambda: setattr(run, "cancelled", True)  # no queue here
     for event in events:
