@@ -39,7 +39,7 @@ EXTRA_SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("fuse
 HEADERS = (Path(__file__).with_name("csrc") / "bf16.h",)
 # -fno-trapping-math lets GCC if-convert (and so vectorise) loops with clamps.
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: the sliding window argument
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -143,6 +143,7 @@ def _load_uncached() -> ctypes.CDLL | None:
         ptr, ptr,  # seq_lens, out
         i64, i64, i64,  # batch, num_heads, head_dim
         ctypes.c_float, ctypes.c_int, i64, ctypes.c_int,  # scale, dtype code, num_splits, threads
+        i64,  # window (0: none)
     ]
     fn.restype = ctypes.c_int
     return lib

@@ -6,10 +6,10 @@ int32. Each sequence's K/V is read once, in place, from the paged cache: no
 gather copy, no padding. All query heads of a KV head share each K/V row, the
 softmax runs online in float32 with float32 accumulation, and at small batches
 each sequence is split into parts (merged by log-sum-exp) so that every thread
-has work. When the library cannot be built or loaded (no compiler,
-``cpu_native`` configured off in ``kernels.config``) this falls back to the reference,
-as it does for a sliding ``window`` once some sequence is longer than it (the
-native kernel attends from key 0; up to the window length the two agree).
+has work. A sliding ``window`` starts each sequence's keys at seq_len - window, so a
+windowed layer reads only its window (and the blocks before it are never touched).
+When the library cannot be built or loaded (no compiler, ``cpu_native`` configured
+off in ``kernels.config``) this falls back to the reference.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def paged_decode_attention_cpu(
 ) -> torch.Tensor:
     """Decode attention on CPU tensors; ``num_splits`` forces the parts per sequence (tests)."""
     lib = cpu_native.load()
-    if lib is None or (window and seq_lens.numel() and int(seq_lens.max()) > window):
+    if lib is None:
         return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
     batch, num_heads, head_dim, block_size, num_kv_heads = check_decode_inputs(q, k_cache, v_cache, block_tables,
                                                                                seq_lens)
@@ -49,6 +49,8 @@ def paged_decode_attention_cpu(
         for name, t in (("q", q), ("k_cache", k_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
             if not t.is_cpu:
                 raise ValueError(f"{name} is on {t.device}; the native kernel takes CPU tensors")
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
     num_blocks = k_cache.shape[0]
@@ -69,7 +71,7 @@ def paged_decode_attention_cpu(
         block_tables.data_ptr(), block_tables.stride(0), block_tables.shape[1],
         seq_lens.data_ptr(), out.data_ptr(),
         batch, num_heads, head_dim,
-        float(scale), code, num_splits or 0, torch.get_num_threads(),
+        float(scale), code, num_splits or 0, torch.get_num_threads(), int(window),
     )
     if status:
         raise ValueError(f"paged_decode_attention_cpu: {_ERRORS.get(status, f'error {status}')}")

@@ -18,9 +18,8 @@ batch; see inference/engine/attention.py.)
 - ``ref``: the reference decode attention, one row per call (slow; the
   fallback where neither kernel set runs).
 
-A sliding ``window`` (> 0) limits row p to keys p - window + 1 .. p. On the
-CPU the rows longer than the window take the reference, each on its own (a
-row's path depends on its own length only, never on the batch).
+A sliding ``window`` (> 0) limits row p to keys p - window + 1 .. p, in every
+path (the native CPU kernel starts its one split at the window's first key).
 """
 
 from __future__ import annotations
@@ -50,11 +49,9 @@ def paged_attention_rows_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
     if cpu_native.load() is None:
         return paged_attention_rows_ref(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, window)
-    out = paged_decode_attention_cpu(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, num_splits=1)
-    if window:  # the native kernel attends from key 0: redo the rows longer than the window
-        long = (row_seq_lens > window).nonzero().flatten().tolist()
-        paged_attention_rows_ref(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, window, long, out)
-    return out
+    # one split per row: a row's keys are summed in one order whatever else is in the batch
+    return paged_decode_attention_cpu(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, num_splits=1,
+                                      window=window)
 
 
 def paged_attention_rows_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -232,6 +232,7 @@ typedef struct {
     int64_t batch, num_heads, num_kv_heads, head_dim, block_size, group;
     int64_t token_stride, block_stride; /* elements */
     int64_t esize, num_splits, split_tiles;
+    int64_t window; /* > 0: a sliding window, the query at len - 1 sees keys len - window .. len - 1 */
     float scale_log2;
     int dtype;
 } problem_t;
@@ -459,14 +460,21 @@ ALWAYS_INLINE void tile_accumulate(scratch_t *restrict s, int64_t G, int64_t dp,
 }
 #endif
 
-/* Attend one (sequence b, KV head h, split) item. */
+/* The first key a sequence of `len` tokens attends to from its last position (0 without a window). */
+ALWAYS_INLINE int64_t visible_from(int64_t len, int64_t window)
+{
+    return window > 0 && len > window ? len - window : 0;
+}
+
+/* Attend one (sequence b, KV head h, split) item: keys lo + split * span .. (its part of lo .. len - 1). */
 ALWAYS_INLINE void attend_item(const problem_t *restrict p, scratch_t *restrict s,
                                int64_t b, int64_t h, int64_t split, int dtype, int64_t dp)
 {
     const int64_t D = p->head_dim, G = p->group;
     const int64_t len = p->seq_lens[b];
+    const int64_t lo = visible_from(len, p->window);
     const int64_t span = p->split_tiles * TILE;
-    const int64_t start = split * span;
+    const int64_t start = lo + split * span;
     const int64_t end = start + span < len ? start + span : len;
     const int32_t *table = p->block_tables + b * p->bt_stride;
     const int64_t esize = p->esize;
@@ -622,21 +630,25 @@ int paged_decode_attention(
     const int32_t *block_tables, int64_t bt_stride, int64_t max_blocks,
     const int32_t *seq_lens, void *out,
     int64_t batch, int64_t num_heads, int64_t head_dim,
-    float scale, int dtype, int64_t num_splits, int num_threads)
+    float scale, int dtype, int64_t num_splits, int num_threads, int64_t window)
 {
+    if (window < 0)
+        return ERR_ARGS;
     if (batch < 0 || num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads || head_dim < 1 ||
         block_size < 1 || num_blocks < 0 || max_blocks < 0 || num_splits < 0 ||
         (dtype != DTYPE_F32 && dtype != DTYPE_BF16 && dtype != DTYPE_F16))
         return ERR_ARGS;
-    /* validate every length and every block id read, so bad metadata cannot read out of bounds */
+    /* validate every length and every block id read, so bad metadata cannot read out of bounds
+     * (with a window, only the blocks it reads: those before it may have been given back) */
     int64_t max_len = 0;
     for (int64_t b = 0; b < batch; b++) {
         int64_t len = seq_lens[b];
         if (len < 0 || len > max_blocks * block_size)
             return ERR_SEQ_LEN;
-        max_len = len > max_len ? len : max_len;
+        int64_t lo = visible_from(len, window);
+        max_len = len - lo > max_len ? len - lo : max_len;
         const int32_t *table = block_tables + b * bt_stride;
-        for (int64_t j = 0; j < (len + block_size - 1) / block_size; j++)
+        for (int64_t j = lo / block_size; j < (len + block_size - 1) / block_size; j++)
             if (table[j] < 0 || table[j] >= num_blocks)
                 return ERR_BLOCK_ID;
     }
@@ -651,7 +663,7 @@ int paged_decode_attention(
         .block_size = block_size, .group = num_heads / num_kv_heads,
         .token_stride = num_kv_heads * head_dim, .block_stride = block_size * num_kv_heads * head_dim,
         .esize = dtype == DTYPE_F32 ? 4 : 2,
-        .scale_log2 = scale * LOG2E, .dtype = dtype,
+        .window = window, .scale_log2 = scale * LOG2E, .dtype = dtype,
     };
     p.num_splits = num_splits > 0 ? num_splits : choose_splits(batch, num_kv_heads, max_len, nthreads);
     int64_t tiles = (max_len + TILE - 1) / TILE;
@@ -680,7 +692,7 @@ int paged_decode_attention(
 }
 
 /* Lets the loader check it has the library it expects. */
-int paged_decode_attention_abi_version(void) { return 1; }
+int paged_decode_attention_abi_version(void) { return 2; }
 
 /* 1 when the AVX2/FMA loops were compiled in, 0 for the portable ones (tests, diagnostics). */
 int paged_decode_attention_uses_avx2(void) { return USE_AVX2; }

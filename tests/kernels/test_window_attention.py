@@ -94,8 +94,8 @@ def test_triton_rows_window(device, window):
 @pytest.mark.skipif(not cpu_native.available(), reason="the native CPU kernels did not build")
 @pytest.mark.parametrize("window", [1, 8, 20, 100])
 def test_native_cpu_decode_and_rows_window(window):
-    """The native kernel attends from key 0: it serves sequences within the window, the reference the rest;
-    rows decide one by one (a row's result never depends on the batch)."""
+    """The native kernel starts each sequence at its window's first key; rows decide one by one (a row's
+    result never depends on the batch)."""
     case = _rows_case("cpu")
     args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale)
     expected = paged_decode_attention_ref(*args, window=window)
@@ -107,3 +107,23 @@ def test_native_cpu_decode_and_rows_window(window):
                                          case.block_tables[row:row + 1], case.seq_lens[row:row + 1], case.scale,
                                          window=window)
         assert torch.equal(alone, rows[row:row + 1])
+
+
+@pytest.mark.skipif(not cpu_native.available(), reason="the native CPU kernels did not build")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, None])
+@pytest.mark.parametrize("window", [1, 7, 16, 23, 200])
+def test_native_cpu_decode_window_reads_only_its_window(window, num_splits, dtype):
+    """Against float64 dense windowed attention, every split count: and the blocks wholly before a sequence's
+    window are never read (their table entries made invalid: the kernel neither reads nor rejects them, so the
+    block manager may give those blocks back)."""
+    case = make_paged_case([1] * len(DECODE_LENS), DECODE_LENS, 8, 2, 64, 16, dtype)
+    expected = windowed_attention(case, window).to(dtype)
+    tables = case.block_tables.clone()
+    block = case.k_cache.shape[1]
+    for b, length in enumerate(DECODE_LENS):
+        first_read = max(0, length - window) // block
+        tables[b, :first_read] = -1
+    got = paged_decode_attention_cpu(case.q, case.k_cache, case.v_cache, tables, case.seq_lens, case.scale,
+                                     num_splits=num_splits, window=window)
+    assert_close(got, expected, ATTN_TOL[dtype])
