@@ -1,7 +1,8 @@
 """What a served model's files say, read from their metadata only (never the weights): `source_inspect`
 checks that the files of a source (inference.model_sources) are there, readable and of a model the engine
 can serve (its architecture, its tokenizer), and reads what an operator would otherwise type, the context
-length and the chat template. `manage.py model_add` and the ServedModel admin use it; the API does not (it
+length and the chat template; and `--chat-template`, a file or a template shipped by name
+(inference/chat_templates/). `manage.py model_add` and the ServedModel admin use it; the API does not (it
 reads the GGUF reader's modules, which import-linter keeps off the web's request path).
 """
 
@@ -65,18 +66,37 @@ def _hf_facts(location: LocatedSource) -> SourceFacts:
                        str(architecture))
 
 
-def chat_template_read(path: str) -> str:
-    """The text of a chat template file (`model_add --chat-template FILE`), checked to compile."""
+# Templates shipped for models whose files have none (inference/chat_templates/README.md says where each is from).
+CHAT_TEMPLATES_DIR = Path(__file__).resolve().parent / "chat_templates"
+
+
+def chat_template_names() -> list[str]:
+    """The shipped templates' names (`model_add --chat-template gemma3`)."""
+    return sorted(p.stem for p in CHAT_TEMPLATES_DIR.glob("*.jinja"))
+
+
+def chat_template_path(path_or_name: str) -> Path:
+    """A template file: `path_or_name` itself when it exists, else the shipped template of that name."""
+    path = Path(path_or_name).expanduser()
+    if not path.exists() and path_or_name in chat_template_names():
+        return CHAT_TEMPLATES_DIR / f"{path_or_name}.jinja"
+    return path
+
+
+def chat_template_read(path_or_name: str) -> str:
+    """The text of a chat template (`model_add --chat-template FILE|NAME`), checked to compile."""
     from inference.engine.chat_template import compile_chat_template
 
+    path = chat_template_path(path_or_name)
     try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError(f"cannot read the chat template {path}: {exc}") from exc
+        raise SourceError(f"cannot read the chat template {path_or_name}: {exc} (a file, or one of the shipped "
+                          f"templates: {', '.join(chat_template_names())})") from exc
     if not text.strip():
-        raise SourceError(f"the chat template {path} is empty")
+        raise SourceError(f"the chat template {path_or_name} is empty")
     try:
         compile_chat_template(text)
     except Exception as exc:  # noqa: BLE001 - jinja2's TemplateSyntaxError and friends
-        raise SourceError(f"the chat template {path} does not compile: {exc}") from exc
+        raise SourceError(f"the chat template {path_or_name} does not compile: {exc}") from exc
     return text

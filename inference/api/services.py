@@ -186,6 +186,9 @@ async def arequest_prepare(*, auth, request: ApiRequest, request_id: str | None 
     limit = context_limit(tier=auth.tier, info=info)
     max_tokens = _max_tokens_resolve(request=request, tier=auth.tier, prompt_len=len(prompt_ids), limit=limit)
     sampling = sampling_build(request=request, max_tokens=max_tokens, vocab_size=tokenizer.vocab_size)
+    if template is not None and not sampling["ignore_eos"]:  # a reply ends with its turn (Gemma: <end_of_turn>)
+        stops = sampling["stop_token_ids"]
+        stops += [i for i in tokenizer.end_of_turn_ids(template) if i not in stops]
     return PreparedRequest(
         request=request,
         request_id=request_id or request_id_new(),

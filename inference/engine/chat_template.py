@@ -6,6 +6,8 @@ mutation of the objects passed in), with the helpers Hugging Face templates
 expect: `raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII
 text, and the loop-control extension. Whitespace handling (trim_blocks,
 lstrip_blocks) matches transformers, so the rendered text is identical.
+`assistant_turn_end` finds the text that closes an assistant turn, so that a
+chat reply can stop on it (Tokenizer.end_of_turn_ids).
 """
 
 from __future__ import annotations
@@ -92,3 +94,20 @@ def render_chat_template(source: str, messages: list[dict], *, add_generation_pr
         raise
     except Exception as exc:  # a template error, a TypeError on odd content, a sandbox violation
         raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+
+_PROBE = "ProbeOfTheAssistantTurnEnd"  # no spaces or markup: survives `| trim` and the like
+
+
+def assistant_turn_end(source: str, *, bos_token: str | None = None, eos_token: str | None = None) -> str | None:
+    """What the template writes right after an assistant message's text (Gemma: "<end_of_turn>\\n", ChatML:
+    "<|im_end|>\\n"): the text a chat reply ends with. None when a one-exchange conversation cannot be rendered
+    or the reply's text does not appear in it."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _PROBE}]
+    try:
+        text = render_chat_template(source, messages, add_generation_prompt=False, bos_token=bos_token,
+                                    eos_token=eos_token)
+    except ChatTemplateError:
+        return None
+    at = text.rfind(_PROBE)
+    return text[at + len(_PROBE):] if at != -1 else None

@@ -20,7 +20,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from .chat_template import render_chat_template
+from .chat_template import assistant_turn_end, render_chat_template
 from .gguf_loader import read_gguf_metadata
 from .registry import resolve_model
 from .tokenizer_spm import spm_tokenizer_parts
@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
+# Special tokens that end a turn in the common chat formats (Gemma, ChatML, Llama 3, Phi-3), for templates whose
+# turn end `assistant_turn_end` cannot find: one counts when the template writes it and the vocabulary has it.
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -105,6 +108,7 @@ class Tokenizer:
         self._byte_level = byte_level
         self._token_bytes: list[bytes] | None = token_bytes  # (else built from the vocabulary on first use)
         self._token_texts: list[str | None] | None = None
+        self._end_of_turn: dict[str, tuple[int, ...]] = {}  # template -> end_of_turn_ids
 
     # -- text <-> ids ---------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -186,6 +190,32 @@ class Tokenizer:
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> list[int]:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt, **kwargs))
+
+    def end_of_turn_ids(self, template: str | None = None) -> tuple[int, ...]:
+        """The special tokens other than EOS that end an assistant turn under `template` (default: the model's
+        own): a chat request stops on them, as an instruction-tuned model's generation config says (Gemma 3:
+        `<eos>` and `<end_of_turn>`). The first token of what the template writes after a reply's text, when it
+        is a special token, and any END_OF_TURN_TOKENS the template writes; computed once per template."""
+        template = self.chat_template if template is None else template
+        if not template:
+            return ()
+        found = self._end_of_turn.get(template)
+        if found is None:
+            found = self._end_of_turn[template] = self._find_end_of_turn(template)
+        return found
+
+    def _find_end_of_turn(self, template: str) -> tuple[int, ...]:
+        special = set(self.all_special_ids)
+        ids: list[int] = []
+        ending = assistant_turn_end(template, bos_token=self.bos_token, eos_token=self.eos_token)
+        first = self.encode(ending)[:1] if ending else []
+        if first and first[0] in special:  # a special token, never plain text such as a newline
+            ids.append(first[0])
+        for token in END_OF_TURN_TOKENS:
+            token_id = self.token_to_id(token) if token in template else None
+            if token_id is not None and token_id in special and token_id not in ids:
+                ids.append(token_id)
+        return tuple(i for i in ids if i != self.eos_token_id)  # EOS stops every request already
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
