@@ -17,15 +17,27 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from tenants.models import PUBLIC_ID_PREFIX, ApiKey, Membership, Tenant, Tier
+from tenants.models import PUBLIC_ID_PREFIX, ApiKey, Membership, Tenant, Tier, TierModelLimit
 from tenants.selectors import api_key_status
 from tenants.services.api_keys import api_key_issue, api_key_revoke
 from tenants.services.limits import LIMIT_FIELDS, limits_explain
 from tenants.services.tenants import tenant_change_tier, tenant_reactivate, tenant_suspend
 
 
+class TierModelLimitInline(admin.TabularInline):
+    """A tier's own limits for one model, per tenant (OpenAI's are per model); saving one empties the verified-key
+    cache in every web process (key_events), so the next request is admitted under it."""
+
+    model = TierModelLimit
+    extra = 0
+    fields = ("model_name", "requests_per_minute", "tokens_per_minute")
+    verbose_name = "per-model limit"
+    verbose_name_plural = "per-model limits (each tenant, per model, on top of the tier's limits above)"
+
+
 @admin.register(Tier)
 class TierAdmin(admin.ModelAdmin):
+    inlines = (TierModelLimitInline,)
     list_display = (
         "name", "display_name", "priority", "queue_weight", "requests_per_minute", "tokens_per_minute",
         "max_concurrent_requests", "max_output_tokens", "max_context", "monthly_token_quota",

@@ -54,6 +54,33 @@ class Tier(models.Model):
         return "*" in allowed or model_name in allowed
 
 
+class TierModelLimit(models.Model):
+    """A tier's own rate limits for one model (OpenAI's limits are per model): each tenant of the tier gets
+    them per model, on counters of their own (tenants.services.limits.model_limits), on top of its tenant-wide
+    limits; the stricter binds. A model without a row has only the tenant-wide limits."""
+
+    tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="model_limits")
+    model_name = models.CharField(max_length=100, help_text="A served model's name, as requests name it")
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+                                                      help_text="Empty: only the tenant-wide limit")
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+                                                    help_text="Empty: only the tenant-wide limit")
+
+    class Meta:
+        ordering = ["model_name"]  # (not by tier: that would join the tiers into the key rows' prefetch)
+        constraints = [models.UniqueConstraint(fields=["tier", "model_name"], name="uniq_tier_model_limit")]
+
+    def __str__(self) -> str:
+        return f"{self.model_name} (tier {self.tier_id})"
+
+    def clean(self) -> None:
+        if not (self.model_name or "").strip() or self.model_name != self.model_name.strip():
+            raise ValidationError({"model_name": "A model's name, without surrounding spaces."})
+        if self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise ValidationError("Set requests per minute, tokens per minute or both (a row with neither limits "
+                                  "nothing: delete it).")
+
+
 class Tenant(models.Model):
     class Status(models.TextChoices):
         ACTIVE = "active", "Active"

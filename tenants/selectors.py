@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from asgiref.sync import sync_to_async
+from django.db.models import QuerySet, prefetch_related_objects
 
-from tenants.models import PUBLIC_ID_PREFIX, ApiKey, Membership, Tenant, Tier
+from tenants.models import PUBLIC_ID_PREFIX, ApiKey, Membership, Tenant, Tier, TierModelLimit
 
 
 def tier_get(*, name: str) -> Tier | None:
     return Tier.objects.filter(name=name).first()
+
+
+# A tier's per-model limit rows (TierModelLimit, related name): the verified-key rows bring them with their tier
+# (tenants.services.api_keys, one query more per row read, none per request), cached and kept warm with the row.
+TIER_MODEL_LIMITS = "model_limits"
+KEY_ROW_MODEL_LIMITS = f"tenant__tier__{TIER_MODEL_LIMITS}"  # the same, from an ApiKey row
+
+
+def tier_model_limits_load(tier: Tier) -> None:
+    """Read the tier's per-model limit rows onto it (one query), unless they came with it already."""
+    if TIER_MODEL_LIMITS not in getattr(tier, "_prefetched_objects_cache", {}):
+        prefetch_related_objects([tier], TIER_MODEL_LIMITS)
+
+
+async def atier_model_limit(*, tier: Tier, model: str) -> TierModelLimit | None:
+    """The tier's limit row for `model`, or None. No query for a tier that came with a verified-key row (the
+    hot path); any other tier's rows are read once, off the event loop."""
+    if TIER_MODEL_LIMITS not in getattr(tier, "_prefetched_objects_cache", {}):
+        await sync_to_async(tier_model_limits_load)(tier)
+    for row in tier.model_limits.all():  # the loaded rows: a handful per tier
+        if row.model_name == model:
+            return row
+    return None
 
 
 def tenant_get(*, slug: str) -> Tenant | None:

@@ -1,7 +1,8 @@
 """The admission counters' keys: built from typed parts here (`CounterKey`), and read back here, nowhere else.
 
-A key names what one counter counts: whose limit (a `LimitScope`, tenants.services.limits), which kind of
-limit and, for a period's quota or budget, the period. Under the backend's prefix P ("{lim}" on Redis, none
+A key names what one counter counts: whose limit (a `LimitScope`, tenants.services.limits: a tenant's "t12",
+a key's "k34", or a tenant's for one model "t12@<model, percent-encoded>"), which kind of limit and, for a
+period's quota or budget, the period. Under the backend's prefix P ("{lim}" on Redis, none
 in process):
 
   P:rb:SCOPE:KIND          a rate bucket (KIND: requests or tokens per minute)

@@ -1,6 +1,7 @@
 """Admission's plan of a request: every limit that applies to it (tenants.services.limits), as counters.
 
-`plan_build` turns the request's scopes into one `Plan` (billing.counters.base): requests and tokens per
+`plan_build` turns the request's scopes (the tenant's, the tenant's for the request's model where its tier
+limits that model, the key's) into one `Plan` (billing.counters.base): requests and tokens per
 minute (tokens: the prompt plus `max_tokens`), a concurrency slot, the period's token quota and budget
 (the worst case, `worst_case_nanos`: every prompt token at the uncached input price plus `max_tokens` at
 the output price, tier multiplier included). Each counter's key is built from its scope, kind and period
@@ -25,7 +26,7 @@ from billing.counters.keys import CounterKey
 from billing.counters.units import budget_micros_to_nanos, cost_femtos_to_nanos
 from billing.periods import Period, month_containing, period_after
 from billing.services.budgets import tenant_scope_limits
-from tenants.services.limits import ScopeLimits, key_scopes
+from tenants.services.limits import ScopeLimits, key_scopes, model_limits
 
 COUNTER_MARGIN_S = 7 * 86400  # a period's counters outlive it: late settlements still find them
 
@@ -53,10 +54,13 @@ def _period_after(period: Period) -> Period:
 
 
 # ---------------------------------------------------------------- the plan
-def request_scopes(*, auth) -> list[ScopeLimits]:
-    """The limits of a request's tenant (its budget: billing.services.budgets, read with the key's row) and key
-    (and of the keys that made it: limits.key_scopes)."""
-    return [tenant_scope_limits(tenant=auth.tenant, tier=auth.tier), *key_scopes(api_key=auth.api_key)]
+def request_scopes(*, auth, model_limit=None) -> list[ScopeLimits]:
+    """The limits of a request's tenant (its budget: billing.services.budgets, read with the key's row), of the
+    tenant for the request's model (`model_limit`, its tier's TierModelLimit row: limits.model_limits) and of its
+    key (and of the keys that made it: limits.key_scopes)."""
+    per_model = model_limits(tenant=auth.tenant, row=model_limit)
+    return [tenant_scope_limits(tenant=auth.tenant, tier=auth.tier), *([per_model] if per_model else []),
+            *key_scopes(api_key=auth.api_key)]
 
 
 def worst_case_nanos(*, model: str, tier: str, prompt_tokens: int, max_tokens: int, snapshot) -> int:

@@ -1,7 +1,9 @@
 """Reserving: what the web calls before it queues a request (and when it gives up on one).
 
-`aadmission_reserve` builds the request's plan (billing.services.admission_plan) and reserves it in one
-backend call, one Redis round trip. It returns the `x-ratelimit-*` headers, or raises the OpenAI-shaped
+`aadmission_reserve` builds the request's plan (billing.services.admission_plan: the tenant's limits, its
+tier's limits for the request's model, on counters of their own, and the key's) and reserves it in one
+backend call, one Redis round trip: all of them or none. It returns the `x-ratelimit-*` headers (of the
+tightest limit of each kind: a model's own when it binds first), or raises the OpenAI-shaped
 refusal (billing.services.admission_responses): 429 `rate_limit_exceeded` with `Retry-After`, 429
 `insufficient_quota` (which quota, and when the period ends), or 503 `limits_unavailable` when the counters
 cannot be reached: nothing is admitted unchecked (fail closed). A period's counter that is missing is
@@ -38,6 +40,7 @@ from billing.services.budgets import abudget_ensure
 from common.errors import InsufficientQuota, RateLimited, ServiceUnavailable
 from common.live_counts import REFUSALS, count_event
 from common.outage import Outage
+from tenants.selectors import atier_model_limit
 from tenants.services.limits import LimitScope
 
 logger = logging.getLogger(__name__)
@@ -64,6 +67,8 @@ def _unavailable(exc: Exception) -> ServiceUnavailable:
 
 
 def _scope_label(scope: LimitScope, *, tenant, api_key) -> str:
+    if scope.is_tenant_model:  # its own counters: the message says which limit was hit
+        return f"tenant {tenant.slug} (its tier's per-model limit)"
     if scope.is_key and api_key is not None:
         if scope != LimitScope.key(api_key.pk):  # a creator's ceiling, which the keys it made share (key_scopes)
             return f"API key {api_key.redacted} (a limit it shares with the key that created it)"
@@ -77,7 +82,8 @@ async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens
         return Admission(request_id=request_id)
     tenant, api_key = auth.tenant, auth.api_key
     await abudget_ensure(tenant)  # no query: the verified-key row brought it (billing.services.budgets)
-    scopes = request_scopes(auth=auth)
+    # the tier's limits for this model came with the key's row (no query on the hot path: tenants.selectors)
+    scopes = request_scopes(auth=auth, model_limit=await atier_model_limit(tier=auth.tier, model=model))
     spend_nanos = None
     if any(limits.monthly_spend_limit_micros for limits in scopes):
         spend_nanos = worst_case_nanos(model=model, tier=auth.tier.name, prompt_tokens=prompt_tokens,

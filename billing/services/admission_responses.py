@@ -30,8 +30,9 @@ def duration(seconds: float) -> str:
 def ratelimit_headers(states: list[BucketState]) -> dict[str, str]:
     """`x-ratelimit-{limit,remaining,reset}-{requests,tokens}` of the binding bucket of each kind.
 
-    With a tenant and a key limit of the same kind, the one with the fewest
-    units left is the one that will refuse first, so it is the one shown.
+    With a tenant, a key and a per-model limit (its own counters, for the request's model) of the same
+    kind, the one with the fewest units left is the one that will refuse first, so it is the one shown:
+    as OpenAI's headers, they describe the limits of the request's model.
     """
     headers: dict[str, str] = {}
     for kind in (REQUESTS, TOKENS):

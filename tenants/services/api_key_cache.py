@@ -28,7 +28,10 @@ prefix existed.) Either kind's first use, or first after a pause longer than
 the keep-warm window, reads the database. Creating a key empties both caches,
 here and in every web process (`key_events`), so a new key works at once.
 
-Freshness: any save or delete of an ApiKey, Tenant or Tier in this process
+What a row brings: its tenant, tier (with the tier's per-model limits, `TierModelLimit`, prefetched: one query
+more per row read, none per request) and the relations the apps above register (billing: the budget row).
+
+Freshness: any save or delete of an ApiKey, Tenant, Tier or TierModelLimit in this process
 (revoking through `api_key_revoke`, the admin's suspend/change-tier actions,
 the keys API) empties the cache at once, so in one process a revoked key or a
 suspended tenant is refused on the very next request, as before. Other web
@@ -53,7 +56,7 @@ def keep_warm_s() -> float:
     return float(settings.API_KEY_CACHE_KEEP_WARM_S)
 
 
-# prefix -> ApiKey with tenant__tier; prefixes come from well-formed keys only
+# prefix -> ApiKey with tenant__tier (and its model_limits); prefixes come from well-formed keys only
 rows: TtlCache[str, object] = TtlCache("API key rows", ttl=ttl_s, max_entries=100_000)
 # well-formed prefixes that named no row when read (client input: bounded, emptied when full)
 unknown: TtlCache[str, bool] = TtlCache("unknown API key prefixes", ttl=ttl_s, max_entries=65_536)
@@ -103,7 +106,8 @@ def reload_done(prefix: str, api_key, *, read_generation: int) -> None:
 
 
 def api_key_cache_clear(**_signal_kwargs) -> None:
-    """Forget every cached row and unknown prefix (on any change of an ApiKey, Tenant or Tier: key_events)."""
+    """Forget every cached row and unknown prefix (on any change of an ApiKey, Tenant, Tier or a tier's per-model
+    limit: key_events)."""
     rows.clear()
     unknown.clear()
 

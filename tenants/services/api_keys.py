@@ -37,6 +37,7 @@ from django.utils import timezone
 from common.db import aretry_on_lost_connection
 from common.errors import AuthenticationError, InvalidRequest, PermissionDenied
 from tenants.models import ApiKey, Tenant, Tier
+from tenants.selectors import KEY_ROW_MODEL_LIMITS
 from tenants.services import api_key_cache
 from tenants.services.api_key_cache import cached_key_get, cached_key_put, cached_unknown, cached_unknown_put
 from tenants.services.key_events import key_event_send, key_events_listen_ensure
@@ -238,6 +239,11 @@ def _lookup_queryset():
     return ApiKey.objects.select_related("tenant__tier", *_row_relations)
 
 
+def _cached_row_queryset():
+    """The rows the hot path caches also bring their tier's per-model limits (admission reads them from memory)."""
+    return _lookup_queryset().prefetch_related(KEY_ROW_MODEL_LIMITS)
+
+
 def _check(api_key: ApiKey | None, secret: str, now: datetime) -> AuthContext:
     """Constant-time secret check, then state checks (only for the key's holder)."""
     expected = api_key.secret_hash if api_key is not None else _DUMMY_DIGEST
@@ -292,7 +298,7 @@ async def _reload_rows(prefixes: list[str]) -> dict[str, ApiKey]:
     rows = {}
     for start in range(0, len(prefixes), _KEEP_WARM_BATCH):  # SQLite caps the parameters of a query
         batch = prefixes[start:start + _KEEP_WARM_BATCH]
-        rows.update({row.prefix: row async for row in _lookup_queryset().filter(prefix__in=batch)})
+        rows.update({row.prefix: row async for row in _cached_row_queryset().filter(prefix__in=batch)})
     return rows
 
 
@@ -325,7 +331,7 @@ async def aapi_key_verify(*, key: str) -> AuthContext:
     row, unknown = cached_key_get(prefix), cached_unknown(prefix)
     if row is None and not unknown:
         read_generation, unknown_generation = api_key_cache.generation(), api_key_cache.unknown_generation()
-        row = await aretry_on_lost_connection(lambda: _lookup_queryset().filter(prefix=prefix).afirst())
+        row = await aretry_on_lost_connection(lambda: _cached_row_queryset().filter(prefix=prefix).afirst())
         if row is not None:
             cached_key_put(prefix, row, read_generation=read_generation)
             _keeper_ensure()

@@ -5,7 +5,8 @@ What a change must reach: the verified-key cache (`api_key_cache`: rows kept
 authenticates once and then lives for hours; `inference.consumers` re-checks
 its key when told, and closes if the key is no longer allowed).
 
-- In this process: every save or delete of an ApiKey, Tenant or Tier (the
+- In this process: every save or delete of an ApiKey, Tenant or Tier (or of a
+  tier's per-model limit, TierModelLimit: an event of its tier) (the
   post_save/post_delete hook, `connect`), and `api_key_revoke`'s queryset
   update (`key_event_send`), empty the cache at once, and again once the
   transaction commits; at the commit the sockets watching the key, tenant or
@@ -116,13 +117,18 @@ def _on_tier(sender, instance, **_kwargs) -> None:
     key_event_send(tier_id=instance.pk)
 
 
+def _on_tier_model_limit(sender, instance, **_kwargs) -> None:
+    key_event_send(tier_id=instance.tier_id)  # the key rows carry their tier's per-model limits
+
+
 def connect() -> None:
-    """Hook every save and delete of an ApiKey, Tenant or Tier (tenants' AppConfig.ready)."""
+    """Hook every save and delete of an ApiKey, Tenant, Tier or a tier's per-model limit (AppConfig.ready)."""
     from django.db.models.signals import post_delete, post_save
 
-    from tenants.models import ApiKey, Tenant, Tier
+    from tenants.models import ApiKey, Tenant, Tier, TierModelLimit
 
-    for model, receiver in ((ApiKey, _on_api_key), (Tenant, _on_tenant), (Tier, _on_tier)):
+    for model, receiver in ((ApiKey, _on_api_key), (Tenant, _on_tenant), (Tier, _on_tier),
+                            (TierModelLimit, _on_tier_model_limit)):
         for signal in (post_save, post_delete):
             signal.connect(receiver, sender=model, dispatch_uid=f"key_events:{model.__name__}")
 

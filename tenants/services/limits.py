@@ -3,6 +3,8 @@
 A tenant's limit is its override when set, else its tier's; 0 means no limit.
 A key's limits (empty unless set) apply on top of its tenant's, so a key per
 application can have a lower ceiling than the tenant; the stricter wins.
+A tier may also limit requests and tokens per minute of one model (tenants.models.TierModelLimit,
+`model_limits`): each of its tenants then has that model's own counters, on top of its tenant-wide ones.
 
 A tenant's monthly budget is billing's (billing.models.TenantBudget: the operator's cap and the
 owners' own, the lower of those that are set applies; billing.services.budgets): billing passes it
@@ -15,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import ClassVar, Literal
+from urllib.parse import quote, unquote
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "monthly_token_quota",
                 "monthly_spend_limit_micros")
@@ -23,27 +26,34 @@ TIER_FIELDS = LIMIT_FIELDS[:4]  # the tier has no budget: a budget is the tenant
 
 @dataclass(frozen=True, slots=True)
 class LimitScope:
-    """Whose limit: a tenant's or an API key's (`LimitScope.tenant(pk)`, `LimitScope.key(pk)`).
+    """Whose limit: a tenant's, an API key's, or a tenant's for one model (`LimitScope.tenant(pk)`,
+    `LimitScope.key(pk)`, `LimitScope.tenant_model(pk, model)`: its tier's per-model limits, `model_limits`).
 
-    Its string form ("t12", "k34") names it in the admission counters' keys (billing.counters.keys), in the
-    budget alerts' task arguments and in the stored counters of live Redis: it is built here (`__str__`) and
-    read back here (`parse`), nowhere else, and it never changes (rolling deploys share the live counters).
+    Its string form ("t12", "k34", "t12@smollm2-135m-instruct") names it in the admission counters' keys
+    (billing.counters.keys), in the budget alerts' task arguments and in the stored counters of live Redis: it is
+    built here (`__str__`) and read back here (`parse`), nowhere else, and it never changes (rolling deploys share
+    the live counters). A model's name is percent-encoded there (only letters, digits and "_.~-" stay as they
+    are), so that no name can hold the keys' ":" separator or a Redis hash tag's braces.
     """
 
-    kind: Literal["tenant", "key"]
+    kind: Literal["tenant", "key", "tenant_model"]
     id: int
+    model: str = ""
 
     TENANT: ClassVar[str] = "tenant"
     KEY: ClassVar[str] = "key"
-    _LETTERS: ClassVar[dict[str, str]] = {"tenant": "t", "key": "k"}
+    TENANT_MODEL: ClassVar[str] = "tenant_model"
+    _LETTERS: ClassVar[dict[str, str]] = {"tenant": "t", "key": "k", "tenant_model": "t"}
     _KINDS: ClassVar[dict[str, str]] = {"t": "tenant", "k": "key"}
-    _FORM: ClassVar[re.Pattern] = re.compile(r"([tk])(0|[1-9][0-9]*)", re.ASCII)
+    _FORM: ClassVar[re.Pattern] = re.compile(r"([tk])(0|[1-9][0-9]*)(?:@([A-Za-z0-9_.~%-]+))?", re.ASCII)
 
     def __post_init__(self) -> None:
         if self.kind not in self._LETTERS:
-            raise ValueError(f"a limit scope is a tenant's or a key's, not {self.kind!r}")
+            raise ValueError(f"a limit scope is a tenant's, a key's or a tenant's for a model, not {self.kind!r}")
         if type(self.id) is not int or self.id < 0:
             raise ValueError(f"a limit scope's id is a whole number >= 0, not {self.id!r}")
+        if not isinstance(self.model, str) or (self.kind == self.TENANT_MODEL) != bool(self.model):
+            raise ValueError(f"a model's name goes with a tenant-model scope, and only with it: {self.model!r}")
 
     @classmethod
     def tenant(cls, pk: int) -> "LimitScope":
@@ -54,12 +64,23 @@ class LimitScope:
         return cls(cls.KEY, int(pk))
 
     @classmethod
+    def tenant_model(cls, pk: int, model: str) -> "LimitScope":
+        """The tenant's counters for one model (its tier's TierModelLimit row)."""
+        return cls(cls.TENANT_MODEL, int(pk), model)
+
+    @classmethod
     def parse(cls, text: str) -> "LimitScope":
-        """The scope `str(scope)` wrote ("t12", "k34"); ValueError for anything else."""
+        """The scope `str(scope)` wrote ("t12", "k34", "t12@name"); ValueError for anything else."""
         match = cls._FORM.fullmatch(text) if isinstance(text, str) else None
         if match is None:
-            raise ValueError(f"not a limit scope (t<tenant id> or k<key id>): {text!r}")
-        return cls(cls._KINDS[match[1]], int(match[2]))
+            raise ValueError(f"not a limit scope (t<tenant id>, k<key id> or t<tenant id>@<model>): {text!r}")
+        letter, number, encoded = match.groups()
+        if encoded is None:
+            return cls(cls._KINDS[letter], int(number))
+        model = unquote(encoded, errors="strict")  # (UnicodeDecodeError is a ValueError)
+        if letter != "t" or quote(model, safe="") != encoded:  # one spelling per scope: keys compare as strings
+            raise ValueError(f"not a limit scope (a tenant's model, percent-encoded as str writes it): {text!r}")
+        return cls.tenant_model(int(number), model)
 
     @property
     def is_key(self) -> bool:
@@ -69,13 +90,18 @@ class LimitScope:
     def is_tenant(self) -> bool:
         return self.kind == self.TENANT
 
+    @property
+    def is_tenant_model(self) -> bool:
+        return self.kind == self.TENANT_MODEL
+
     def __str__(self) -> str:
-        return f"{self._LETTERS[self.kind]}{self.id}"
+        whose = f"{self._LETTERS[self.kind]}{self.id}"
+        return f"{whose}@{quote(self.model, safe='')}" if self.model else whose
 
 
 @dataclass(frozen=True, slots=True)
 class ScopeLimits:
-    """One scope's limits (a tenant or a key); 0 = none."""
+    """One scope's limits (a tenant, a key, or a tenant's for a model); 0 = none."""
 
     scope: LimitScope
     requests_per_minute: int = 0
@@ -139,6 +165,19 @@ def key_scopes(*, api_key) -> list[ScopeLimits]:
     lineage = [int(key_id) for key_id in (getattr(api_key, "lineage", None) or [])[:MAX_LINEAGE]]
     return [own, *(ScopeLimits(scope=LimitScope.key(key_id), **values) for key_id in lineage)]
 
+
+MODEL_LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute")  # what a TierModelLimit row may set
+
+
+def model_limits(*, tenant, row) -> ScopeLimits | None:
+    """The tier's limits for one model (a TierModelLimit row, or None) as the tenant's own for that model, on
+    counters of their own (`LimitScope.tenant_model`), on top of its tenant-wide limits; None when there are none.
+    (OpenAI's rate limits are per model; a tenant's overrides stay tenant-wide.)"""
+    if row is None:
+        return None
+    values = {name: int(getattr(row, name, None) or 0) for name in MODEL_LIMIT_FIELDS}
+    limits = ScopeLimits(scope=LimitScope.tenant_model(tenant.pk, row.model_name), **values)
+    return limits if limits.any else None
 
 def limits_explain(*, tenant, api_key=None, budget_micros: int = 0, budget_source: str = "none") -> list[LimitSource]:
     """Every limit of `tenant` (and `api_key`): tier value, override, the effective one and where it comes from.
