@@ -73,6 +73,17 @@ def usage_charts(rows: list[dict]) -> dict[str, dict]:
     return {chart_id: {**spec, "day_axis": True} for chart_id, spec in charts.items()}
 
 
+def spend_by_model_chart(days: list[str], spend: dict[str, list[str]]) -> dict:
+    """Spend per day stacked by model (OpenAI's usage page's picture). `spend`: model -> the day's spend as
+    the island's decimal strings, one per day of `days`."""
+    amounts = [sum((Decimal(v) for v in values), Decimal(0)) for values in zip(*spend.values())]
+    traces = [{"type": "bar", "name": model, "x": days, "y": [float(Decimal(v)) for v in values],
+               "customdata": values, "hovertemplate": "%{hovertext}<br>$%{customdata}<extra>%{fullData.name}</extra>"}
+              for model, values in spend.items()]
+    layout = _layout("Spend per day by model", "USD", usd_axis(amounts), barmode="stack")
+    return {"data": traces, "layout": layout, "day_axis": True}
+
+
 def overview_chart(rows: list[dict]) -> dict:
     """The overview's chart: spend per day (bars, dollars on the left) and tokens per day (a line, on the
     right), for the days of the period so far. Rows: {"day", "spend_usd", "tokens"}."""

@@ -2,30 +2,48 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import date, timedelta
 from decimal import Decimal
 
 from django import forms
+from django.core.validators import MaxLengthValidator
 
 from billing.selectors import MAX_ALERT_PERCENT, MAX_ALERTS
 from dashboard.selectors.usage import MAX_RANGE_DAYS
 from tenants.models import ApiKey
 
 SCOPE_CHOICES = [(scope, scope) for scope in ApiKey.ALL_SCOPES]
+ALL_MODELS = "All models"
+MODEL_NAME_MAX = 100  # billing.models.UsageRecord.model's length: a longer name was never used
 EARLIEST_DAY = date(2000, 1, 1)  # the usage filter's bounds: far dates would overflow the zone arithmetic (a 500)
 
 
 class UsageFilterForm(forms.Form):
+    """The usage page's range and filters. The model picker offers "All models" and the models the tenant used
+    in the range (`models_in(start, end)`, from billing's figures); it also accepts a model the tenant used
+    at another time (`models`), so a pick survives a change of range (and shows zeros). Any other name,
+    another tenant's included, is a form error: never a 500, never anyone else's figures."""
+
     start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
     end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    model = forms.ChoiceField(required=False)
+    # A CharField with a picker: which names are valid depends on the range, known only in clean().
+    # (The length as a validator: a max_length would write a maxlength attribute onto the <select>.)
+    model = forms.CharField(required=False, widget=forms.Select, validators=[MaxLengthValidator(MODEL_NAME_MAX)])
     key = forms.ChoiceField(required=False, label="API key")
 
-    def __init__(self, *args, models: list[str], keys: list[ApiKey], today, **kwargs):
+    def __init__(self, *args, models: list[str], models_in: Callable[[date, date], list[str]], keys: list[ApiKey],
+                 today, **kwargs):
         super().__init__(*args, **kwargs)
         self.today = today
-        self.fields["model"].choices = [("", "all models"), *[(name, name) for name in models]]
+        self.known_models = frozenset(models)
+        self.models_in = models_in
+        self.period_models: list[str] = []  # the range's models, once clean() has run on a valid range
+        self._offer(models)
         self.fields["key"].choices = [("", "all keys"), *[(key.public_id, f"{key.name} ({key.redacted})") for key in keys]]
+
+    def _offer(self, names) -> None:
+        self.fields["model"].widget.choices = [("", ALL_MODELS), *[(name, name) for name in sorted(names)]]
 
     def clean(self):
         data = super().clean()
@@ -40,6 +58,12 @@ class UsageFilterForm(forms.Form):
         if (end - start).days + 1 > MAX_RANGE_DAYS:
             raise forms.ValidationError(f"At most {MAX_RANGE_DAYS} days at a time.")
         data["start"], data["end"] = start, end
+        self.period_models = self.models_in(start, end)
+        model = data.get("model")
+        if model and model not in self.known_models and model not in self.period_models:
+            self.add_error("model", "Not a model this tenant has used: pick one from the list.")
+        else:
+            self._offer({*self.period_models, *([model] if model else [])})
         return data
 
 

@@ -1,7 +1,7 @@
 from django.urls import path
 
 import common.converters  # noqa: F401 - registers <public_id:> and <row_id:>
-from dashboard.views import assets, keys, pages
+from dashboard.views import assets, keys, pages, usage
 
 app_name = "dashboard"
 
@@ -9,8 +9,9 @@ urlpatterns = [
     path("", pages.home, name="home"),
     path("assets/plotly.min.js", assets.plotly_js, name="plotly-js"),
     path("<slug:slug>/", pages.overview, name="overview"),
-    path("<slug:slug>/usage/", pages.usage, name="usage"),
-    path("<slug:slug>/usage.csv", pages.usage_csv, name="usage-csv"),
+    path("<slug:slug>/usage/", usage.usage, name="usage"),
+    path("<slug:slug>/usage.csv", usage.usage_csv, name="usage-csv"),
+    path("<slug:slug>/usage-by-model.csv", usage.usage_by_model_csv, name="usage-by-model-csv"),
     path("<slug:slug>/keys/", keys.keys, name="keys"),
     path("<slug:slug>/keys/<public_id:key_id>/revoke/", keys.key_revoke, name="key-revoke"),
     path("<slug:slug>/settings/", keys.tenant_settings, name="settings"),

@@ -11,13 +11,14 @@ from billing.selectors.budgets import (MAX_ALERT_PERCENT, MAX_ALERTS, limits_exp
                                        tenant_budget_source)
 from billing.selectors.console import requests_since, spend_by_tenant, ttft_since, worker_errors_since
 from billing.selectors.invoices import invoice_for_user, invoices_of
-from billing.selectors.usage import admission_used, latency_by_day, tenant_models, usage_by_day, usage_totals
+from billing.selectors.usage import (admission_used, latency_by_day, models_in, tenant_models, usage_by_day,
+                                     usage_by_day_and_model, usage_totals)
 
 __all__ = [
     "MAX_ALERTS", "MAX_ALERT_PERCENT", "Days", "Period", "admission_used", "alert_percents", "alert_percents_forget",
-    "day_floor", "days_between",
-    "femtos_to_usd", "invoice_for_user", "invoices_of", "latency_by_day", "limits_explain", "month_containing",
+    "day_floor", "days_between", "femtos_to_usd", "invoice_for_user", "invoices_of", "latency_by_day",
+    "limits_explain", "models_in", "month_containing",
     "operator_budget_micros", "own_alert_percents", "owner_budget_micros", "requests_since",
     "spend_by_tenant", "tenant_budget_micros", "tenant_budget_source", "tenant_models", "today_in", "ttft_since",
-    "usage_by_day", "usage_totals", "usd_str", "worker_errors_since",
+    "usage_by_day", "usage_by_day_and_model", "usage_totals", "usd_str", "worker_errors_since",
 ]

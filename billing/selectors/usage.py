@@ -3,8 +3,9 @@ models it used, and its period's usage as admission counts it: the dashboard's r
 
 Token and cost figures go through billing.usage_buckets (whole days or hours from the rollups, the part the
 rollup has not reached from the records), so they are the ledger's integers (billing.ledger.SUMS). A day is
-a local day of the tenant (billing.periods.Days); TTFT percentiles and errors of closed days are stored by
-billing's hourly rollup (billing.services.latency_rollups), the open day's computed from the records with
+a local day of the tenant (billing.periods.Days); usage_by_day_and_model and models_in read the same buckets
+grouped by model (the dashboard's model filter and breakdown). TTFT percentiles and errors of closed days are
+stored by billing's hourly rollup (billing.services.latency_rollups), the open day's computed from the records with
 the same percentile_cont definition.
 """
 
@@ -31,28 +32,53 @@ def _add_into(target: dict[str, int], sums: dict[str, int]) -> None:
         target[name] += sums[name]
 
 
-def _sums(tenant: Tenant, start, end, width: str, models, api_key_ids):
+def _sums(tenant: Tenant, start, end, width: str, models, api_key_ids, group_by=(), figures=FIGURES):
     return usage_sums(Query(tenant=tenant, start=start, end=end, width=width, models=tuple(models),
-                            api_key_ids=tuple(api_key_ids)))
+                            api_key_ids=tuple(api_key_ids), group_by=group_by, figures=figures))
+
+
+def _day_buckets(tenant: Tenant, days: Days, models, api_key_ids, group_by=(), figures=FIGURES):
+    """UTC bucket -> group -> sums covering exactly the local days: day buckets where local days are UTC
+    days, else hours, and per minute the UTC hours two local days share."""
+    if days.utc_days:
+        return _sums(tenant, days.start, days.end, "1d", models, api_key_ids, group_by, figures)
+    end = hour_floor(days.end) + (HOUR if days.end != hour_floor(days.end) else timedelta(0))
+    buckets = dict(_sums(tenant, hour_floor(days.start), end, "1h", models, api_key_ids, group_by, figures))
+    for hour in days.split_hours():  # the hours two local days share: per minute, from the records
+        buckets.pop(hour, None)
+        buckets.update(_sums(tenant, hour, hour + HOUR, "1m", models, api_key_ids, group_by, figures))
+    return buckets
 
 
 def usage_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict[str, int]]:
     """Local day -> billing's FIGURES (requests, tokens by kind, costs in femto-USD), every day present."""
     out = {day: _empty() for day in days.days}
-    if days.utc_days:
-        buckets = _sums(tenant, days.start, days.end, "1d", models, api_key_ids)
-    else:
-        end = hour_floor(days.end) + (HOUR if days.end != hour_floor(days.end) else timedelta(0))
-        buckets = dict(_sums(tenant, hour_floor(days.start), end, "1h", models, api_key_ids))
-        for hour in days.split_hours():  # the hours two local days share: per minute, from the records
-            buckets.pop(hour, None)
-            buckets.update(_sums(tenant, hour, hour + HOUR, "1m", models, api_key_ids))
-    for bucket, groups in buckets.items():
+    for bucket, groups in _day_buckets(tenant, days, models, api_key_ids).items():
         day = days.day_of(bucket)
         if day is not None:
             for sums in groups.values():
                 _add_into(out[day], sums)
     return out
+
+
+def usage_by_day_and_model(*, tenant: Tenant, days: Days, models=(),
+                           api_key_ids=()) -> dict[date, dict[str, dict[str, int]]]:
+    """Local day -> model -> FIGURES, every day present (a day maps only the models it has figures for).
+    The same buckets as usage_by_day, grouped by model: summed over the models, a day is usage_by_day's."""
+    out: dict[date, dict[str, dict[str, int]]] = {day: {} for day in days.days}
+    for bucket, groups in _day_buckets(tenant, days, models, api_key_ids, group_by=("model",)).items():
+        day = days.day_of(bucket)
+        if day is not None:
+            for (model,), sums in groups.items():
+                _add_into(out[day].setdefault(model, _empty()), sums)
+    return out
+
+
+def models_in(*, tenant: Tenant, days: Days) -> list[str]:
+    """The models the tenant has usage of in the local days (rollups and records, as the figures), sorted."""
+    buckets = _day_buckets(tenant, days, (), (), group_by=("model",), figures=("requests",))
+    return sorted({model for bucket, groups in buckets.items() if days.day_of(bucket) is not None
+                   for (model,), sums in groups.items() if sums["requests"]})
 
 
 def usage_totals(by_day: dict[date, dict[str, int]]) -> dict[str, int]:
