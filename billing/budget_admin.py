@@ -22,8 +22,9 @@ class TenantBudgetInline(admin.StackedInline):
     can_delete = False
     max_num = 1
     fields = ("monthly_spend_limit_micros", "owner_spend_limit_micros", "budget_alert_percents")
-    # the owners' own budget is theirs to set (dashboard, Limits & budget); the operator sets the cap
-    readonly_fields = ("owner_spend_limit_micros",)
+    # the owners' own budget and alert thresholds are theirs to set (dashboard, Limits & budget); the operator
+    # sets the cap (an inline saving a stale copy of the owners' fields would overwrite their change)
+    readonly_fields = ("owner_spend_limit_micros", "budget_alert_percents")
 
 
 def usd_shown(micros: int) -> str:

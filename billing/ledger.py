@@ -87,8 +87,10 @@ def ledger_totals(*, scope: LimitScope, kinds: tuple[str, ...] = (QUOTA, SPEND),
     records = UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
     if scope.is_tenant:
         records = records.filter(tenant_id=scope.id)
-    else:
+    elif scope.is_key:
         records = records.filter(api_key_id__in=_key_family(scope.id))
+    else:  # a tenant's per-model scope limits rates only: no period counter, so no ledger total to rebuild
+        raise ValueError(f"no ledger total for {scope}: only a tenant's or a key's period is counted")
     totals = records.aggregate(**{kind: _COUNTED[kind] for kind in kinds})
     return {kind: int(totals[kind] or 0) for kind in kinds}
 

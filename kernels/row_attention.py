@@ -31,11 +31,9 @@ from kernels.paged_decode_attention import paged_decode_attention_ref
 
 def paged_attention_rows_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              row_block_tables: torch.Tensor, row_seq_lens: torch.Tensor, scale: float,
-                             window: int = 0, rows: list[int] | None = None, out: torch.Tensor | None = None
-                             ) -> torch.Tensor:
-    """``rows``: only these rows (into ``out``), else all of them."""
-    out = torch.empty_like(q) if out is None else out
-    for row in range(q.shape[0]) if rows is None else rows:
+                             window: int = 0) -> torch.Tensor:
+    out = torch.empty_like(q)
+    for row in range(q.shape[0]):
         out[row:row + 1] = paged_decode_attention_ref(q[row:row + 1], k_cache, v_cache, row_block_tables[row:row + 1],
                                                       row_seq_lens[row:row + 1], scale, window)
     return out

@@ -5,10 +5,23 @@ the operator's cap (admin, `limits_set --monthly-budget-usd`), which the tenant'
 change, and the owners' own (dashboard, Limits & budget). Money is integer micro-dollars.
 """
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
 from tenants.models import Tenant
+
+MAX_ALERT_PERCENT = 1000
+MAX_ALERTS = 10
+
+
+def validate_alert_percents(value) -> None:
+    """A list of at most MAX_ALERTS distinct whole percentages, 1..MAX_ALERT_PERCENT (the alerts sort and compare
+    them: a string or a float here would fail the settlement's alert check and the overview page)."""
+    if not isinstance(value, list) or len(value) > MAX_ALERTS or len(set(value)) != len(value) or not all(
+            type(p) is int and 1 <= p <= MAX_ALERT_PERCENT for p in value):
+        raise ValidationError(f"A list of at most {MAX_ALERTS} distinct whole percentages from 1 to "
+                              f"{MAX_ALERT_PERCENT}, e.g. [50, 80, 100]; empty: the platform's.")
 
 
 class TenantBudget(models.Model):
@@ -22,7 +35,8 @@ class TenantBudget(models.Model):
         default=0, validators=[MinValueValidator(0)],
         help_text="The tenant owners' own monthly budget (dashboard), micro-dollars; 0 means none")
     # Percentages of the monthly budget at which the owners are e-mailed (empty: BUDGET_ALERT_PERCENTS).
-    budget_alert_percents = models.JSONField(default=list, blank=True, help_text="Empty: the platform's thresholds")
+    budget_alert_percents = models.JSONField(default=list, blank=True, validators=[validate_alert_percents],
+                                             help_text="Empty: the platform's thresholds")
 
     class Meta:
         verbose_name = "budget"

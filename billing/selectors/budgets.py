@@ -5,14 +5,10 @@ from the database: the verified-key row brings `tenant.budget` with it)."""
 from __future__ import annotations
 
 from billing.models import TenantBudget
+from billing.models.budgets import MAX_ALERT_PERCENT, MAX_ALERTS  # noqa: F401 - the dashboard's form reads them here
 from tenants.models import Tenant
 from tenants.services.limits import LimitSource, ScopeLimits, tenant_limits
 from tenants.services.limits import limits_explain as _limits_explain
-
-# a tenant's own budget alert thresholds: at most MAX_ALERTS whole percentages from 1 to MAX_ALERT_PERCENT
-MAX_ALERT_PERCENT = 1000
-MAX_ALERTS = 10
-
 
 def budget_loaded(tenant) -> bool:
     """Whether `tenant.budget` is in memory (read with the row, or looked up once): reading it queries nothing."""
