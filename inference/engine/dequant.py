@@ -170,13 +170,18 @@ def dequantize(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | int
 
 def int4_groups(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | int,
                 shape: tuple[int, int]) -> Int4Groups | None:
-    """The 4-bit codes, scales and zeros of a Q4_0/Q4_1 matrix (None for any other type).
+    """The 4-bit codes, scales and zeros of a Q4_0/Q4_1/Q4_K matrix (None for any other type).
 
-    Q4_0: x = d*(q-8)      -> scale d, zero 0
-    Q4_1: x = d*q + m      -> scale d, zero m + 8d   (so that x = (q-8)*scale + zero)
+    Q4_0: x = d*(q-8)           -> scale d, zero 0
+    Q4_1: x = d*q + m           -> scale d, zero m + 8d   (so that x = (q-8)*scale + zero)
+    Q4_K: x = d*sc*q - dmin*m   -> per sub-block of 32: scale d*sc, zero 8*scale - dmin*m
     """
     qtype = GGMLQuantizationType(qtype)
-    if qtype not in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1) or len(shape) != 2:
+    if len(shape) != 2:
+        return None
+    if qtype == GGMLQuantizationType.Q4_K:
+        return _q4_k_groups(raw, shape)
+    if qtype not in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
         return None
     rows, cols = shape
     block_values, type_size = GGML_QUANT_SIZES[qtype]
@@ -190,6 +195,18 @@ def int4_groups(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | in
     return Int4Groups(codes.reshape(rows, cols), d, zeros)
 
 
+def _q4_k_groups(raw: np.ndarray | torch.Tensor, shape: tuple[int, int]) -> Int4Groups:
+    rows, cols = shape
+    blocks = _as_byte_tensor(raw).reshape(-1, GGML_QUANT_SIZES[GGMLQuantizationType.Q4_K][1])
+    n = blocks.shape[0]
+    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
+    sc, mins = _k_scales_mins(blocks[:, 4:16])
+    qs = blocks[:, 16:].reshape(n, 4, 1, 32)
+    codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(rows, cols)  # sub-block order, as _q4_k
+    scales = (d * sc).reshape(rows, cols // 32)
+    return Int4Groups(codes, scales, 8.0 * scales - (dmin * mins).reshape(rows, cols // 32))
+
+
 def _as_byte_tensor(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
     if isinstance(raw, torch.Tensor):
         return raw.contiguous().reshape(-1).view(torch.uint8)
@@ -200,12 +217,20 @@ def _as_byte_tensor(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 def int8_blocks(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | int,
                 shape: tuple[int, int]) -> Int8Blocks | None:
-    """The int8 codes and scales of a Q8_0 matrix (None for any other type): x = d*q."""
+    """The int8 codes and scales of a Q8_0, Q5_0 or Q4_0 matrix (None for any other type), all exactly
+    x = d*code: Q8_0's code is q, Q5_0's q5-16 (-16..15), Q4_0's nibble-8 (-8..7)."""
     qtype = GGMLQuantizationType(qtype)
-    if qtype != GGMLQuantizationType.Q8_0 or len(shape) != 2:
+    if qtype not in _INT8_CODES or len(shape) != 2:
         return None
     rows, cols = shape
     block_values, type_size = GGML_QUANT_SIZES[qtype]
     blocks = _as_byte_tensor(raw).reshape(-1, type_size)
-    codes = blocks[:, 2:].contiguous().view(torch.int8).reshape(rows, cols)
+    codes = _INT8_CODES[qtype](blocks).reshape(rows, cols)
     return Int8Blocks(codes, _f16(blocks, 0).view(rows, cols // block_values).contiguous())
+
+
+_INT8_CODES = {
+    GGMLQuantizationType.Q8_0: lambda blocks: blocks[:, 2:].contiguous().view(torch.int8),
+    GGMLQuantizationType.Q5_0: lambda blocks: (_q5(blocks, 2) - 16.0).to(torch.int8),
+    GGMLQuantizationType.Q4_0: lambda blocks: (_nibbles(blocks[:, 2:]).to(torch.int8) - 8),
+}

@@ -221,19 +221,30 @@ class _Tensors:
         return unpermute_qk(value, heads) if heads and self.permuted else value
 
     def int4_groups(self, names: list[str], heads: list[int | None]) -> Int4Groups | None:
-        """The exact 4-bit groups of `names` concatenated by rows, or None unless all are Q4_0/Q4_1."""
+        """The exact 4-bit groups of `names` concatenated by rows, or None unless all are Q4_0/Q4_1/Q4_K."""
         from .dequant import int4_groups
         from .packed_linear import Int4Groups
 
+        return self._gather(int4_groups, Int4Groups.cat, names, heads)
+
+    def int8_groups(self, names: list[str], heads: list[int | None]) -> Int8Blocks | None:
+        """The exact int8 blocks of `names` concatenated by rows, or None unless all are Q8_0/Q5_0/Q4_0."""
+        from .dequant import int8_blocks
+        from .packed_linear import Int8Blocks
+
+        return self._gather(int8_blocks, Int8Blocks.cat, names, heads)
+
+    def _gather(self, convert, cat, names: list[str], heads: list[int | None]):
+        """`convert` of each tensor of a fused Linear, Q/K rows unpermuted, joined by `cat`; None if any is None."""
         parts = []
         for name, head_count in zip(names, heads):
             t = self.tensor(name)
-            part = int4_groups(t.data, GGMLQuantizationType(t.tensor_type), self.infos[name][0])
+            part = convert(t.data, GGMLQuantizationType(t.tensor_type), self.infos[name][0])
             if part is None:
                 return None
             parts.append(part.map_rows(lambda x, h=head_count: unpermute_qk(x, h)) if head_count and self.permuted
                          else part)
-        return Int4Groups.cat(parts)
+        return cat(parts)
 
     def int8_blocks(self, name: str) -> Int8Blocks | None:
         """The exact int8 blocks of `name`, or None unless it is Q8_0."""
@@ -255,17 +266,21 @@ def _fused_linears(config: ModelConfig, i: int) -> dict[str, tuple[list[str], li
     }
 
 
-def _load_layer(source: _Tensors, config: ModelConfig, i: int, *, int4: bool, state: dict[str, torch.Tensor],
-                packed: dict[str, Int4Groups | Int8Blocks]) -> None:
-    """Add layer `i`'s parameters to `state` (and its 4-bit Linears to `packed` with `int4`)."""
+def _load_layer(source: _Tensors, config: ModelConfig, i: int, *, int4: bool, int8: bool,
+                state: dict[str, torch.Tensor], packed: dict[str, Int4Groups | Int8Blocks]) -> None:
+    """Add layer `i`'s parameters to `state`, and to `packed` its Linears held exactly as 4-bit groups (with
+    `int4`) or, failing that, as int8 blocks (with `int8`)."""
     import torch
 
     blk, out = f"blk.{i}", f"layers.{i}"
     get = source.get
     for linear, (sources, heads) in _fused_linears(config, i).items():
         state[f"{linear}.weight"] = torch.cat([get(f"{s}.weight", h) for s, h in zip(sources, heads)])
-        if int4 and (found := source.int4_groups([f"{s}.weight" for s in sources], heads)) is not None:
+        names = [f"{s}.weight" for s in sources]
+        if int4 and (found := source.int4_groups(names, heads)) is not None:
             packed[linear] = found
+        elif int8 and (blocks := source.int8_groups(names, heads)) is not None:
+            packed[linear] = blocks
     if config.attention_bias:
         state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat(
             (get(f"{blk}.attn_q.bias", config.num_heads), get(f"{blk}.attn_k.bias", config.num_kv_heads),
@@ -278,14 +293,15 @@ def _load_layer(source: _Tensors, config: ModelConfig, i: int, *, int4: bool, st
         state[f"{out}.{ours}.weight"] = get(f"{blk}.{theirs}.weight")
 
 
-def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_head: bool = False
-              ) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Int4Groups | Int8Blocks]]:
+def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_head: bool = False,
+              int8: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Int4Groups | Int8Blocks]]:
     """(config, state_dict in LlamaForCausalLM's parameter names on the CPU in `dtype`, packed weights).
 
     With `int4`, the third item maps each Linear (e.g. "layers.0.mlp.gate_up_proj") whose source
-    tensors are all Q4_0/Q4_1 to its exact 4-bit groups (see packed_linear). With `int8_head`, it also
+    tensors are all Q4_0/Q4_1/Q4_K to its exact 4-bit groups (see packed_linear). With `int8_head`, it also
     maps "lm_head" to the exact int8 blocks of the output weight (the token embedding when tied) when
-    that tensor is Q8_0. Otherwise it is empty.
+    that tensor is Q8_0. With `int8`, each other Linear whose sources are all Q8_0/Q5_0/Q4_0 maps to its
+    exact int8 blocks. Otherwise it is empty.
     """
     metadata, infos = read_gguf_header(path)
     config = config_from_gguf_metadata(metadata, set(infos))
@@ -303,5 +319,5 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_
         if (blocks := source.int8_blocks(head_name)):
             packed["lm_head"] = blocks
     for i in range(config.num_layers):
-        _load_layer(source, config, i, int4=int4, state=state, packed=packed)
+        _load_layer(source, config, i, int4=int4, int8=int8, state=state, packed=packed)
     return config, state, packed

@@ -50,8 +50,10 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: tor
     model.requires_grad_(False)
     model = model.to(device).eval()
     for name, groups in (packed or {}).items():
-        if isinstance(groups, Int8Blocks):
+        if name == "lm_head":
             model.attach_int8_head(groups)
+        elif isinstance(groups, Int8Blocks):
+            model.get_submodule(name).attach_int8(groups)
         else:
             model.get_submodule(name).attach_int4(groups)
     model.prepack()
@@ -62,9 +64,9 @@ def load_model(name_or_path: str, *, dtype: torch.dtype | str = torch.bfloat16,
                device: torch.device | str = "cpu", int4_decode: bool = True) -> LoadedModel:
     """Load weights (dequantised to `dtype`) onto `device`, with the model's tokenizer.
 
-    `int4_decode`: on the CPU in bf16/fp16, also keep Q4_0/Q4_1 GGUF weights packed for few-row
-    matmuls (decode), and (bf16) a Q8_0 output weight as int8 blocks for the LM head at few rows;
-    no effect in float32 or on other devices.
+    `int4_decode`: on the CPU in bf16/fp16, also keep Q4_0/Q4_1/Q4_K GGUF weights packed for few-row
+    matmuls (decode), and (bf16) a Q8_0 output weight as int8 blocks for the LM head at few rows and the
+    other Q8_0/Q5_0/Q4_0 Linears as int8 blocks; no effect in float32 or on other devices.
     """
     source = resolve_model(name_or_path)
     dtype, device = resolve_dtype(dtype), torch.device(device)
@@ -72,7 +74,8 @@ def load_model(name_or_path: str, *, dtype: torch.dtype | str = torch.bfloat16,
     if source.kind == "gguf":
         config, state, packed = load_gguf(source.path, dtype=dtype,
                                           int4=int4_decode and int4_supported(device, dtype),
-                                          int8_head=int4_decode and int8_supported(device, dtype))
+                                          int8_head=int4_decode and int8_supported(device, dtype),
+                                          int8=int4_decode and int8_supported(device, dtype))
     elif source.kind == "safetensors":
         config, state = load_safetensors(source.path, dtype=dtype)
     else:

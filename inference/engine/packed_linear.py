@@ -11,10 +11,14 @@ cpu_matmul) and, on the CPU in bf16/fp16, the packed copy used for inputs of
 at most `INT4_MAX_ROWS` rows (`INT4_MAX_ROWS_UPCAST` where cpu_matmul upcasts). float32 always uses the dense weight, so the
 float32 model stays exactly the dequantised one.
 
-`Int8Blocks` does the same, in bf16, for a Q8_0 weight read by the LM head
-(for SmolLM2, the tied 49,152 x 576 token embedding): the native kernel in
-kernels/q8_matmul_cpu.py multiplies up to `INT8_MAX_ROWS` rows by the file's
-exact int8 blocks, half the bytes of the bf16 GEMV.
+`Int8Blocks` does the same, in bf16, for a weight whose blocks of 32 are
+exactly int8 codes times one scale (Q8_0; Q5_0 and Q4_0 shifted to signed
+codes): the native kernel in kernels/q8_matmul_cpu.py multiplies up to
+`INT8_MAX_ROWS` rows by them, half the bytes of the bf16 GEMV. It serves the
+LM head (for SmolLM2, the tied 49,152 x 576 token embedding) and, for up to
+`INT8_LAYER_MAX_ROWS` rows, the Linears that have no int4 copy (Gemma 3's
+Q5_0/Q8_0 projections); the layer's result is its float32 sum rounded once to
+the layer's dtype, as the dense bf16 GEMM rounds its float32 accumulators.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ INT4_MAX_ROWS_UPCAST = 16  # against cpu_matmul's float32 upcast (no bf16 GEMM),
 # The int8 LM head is faster than the dense bf16 one up to 8 rows, by less as rows grow; the C code
 # takes 8 rows per pass, so 16 would read the codes twice.
 INT8_MAX_ROWS = 8
+# Ordinary layers (K = 640..2048, N = 640..4096): the int8 kernel halves the dense time at 1-2 rows, ties
+# it near 4 and loses from 6 (benchmarks/packed_matmul.py, 2-vCPU EPYC, AVX-512 BF16).
+INT8_LAYER_MAX_ROWS = 4
 
 
 @dataclass
@@ -64,6 +71,13 @@ class Int8Blocks:
     codes: torch.Tensor  # int8 [N, K]
     scales: torch.Tensor  # float32 [N, K // 32]
 
+    def map_rows(self, fn) -> Int8Blocks:
+        return Int8Blocks(fn(self.codes), fn(self.scales))
+
+    @staticmethod
+    def cat(parts: list[Int8Blocks]) -> Int8Blocks:
+        return Int8Blocks(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]))
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """float32 x @ weight.T for x [rows, K]."""
         from kernels.q8_matmul_cpu import q8_matmul_cpu
@@ -77,7 +91,7 @@ class Int8Blocks:
 
 
 def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """The int8 LM head: on the CPU in bf16 with the native kernels (which take bf16 or float32 inputs;
+    """The int8 LM head and layers: on the CPU in bf16 with the native kernels (which take bf16 or float32 inputs;
     float32 models keep the dense weight, so they stay exactly the dequantised model)."""
     from kernels import cpu_native
 
@@ -90,8 +104,9 @@ def int4_supported(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class Linear(nn.Linear):
-    """nn.Linear plus an optional packed int4 copy of the weight for few-row inputs."""
+    """nn.Linear plus an optional packed int4 or int8 copy of the weight for few-row inputs."""
 
+    int8: Int8Blocks | None = None
     int4_weight: torch.Tensor | None = None
     int4_scales_zeros: torch.Tensor | None = None
     prepacked: torch.Tensor | None = None  # oneDNN-blocked copy of the weight (cpu_matmul.prepack)
@@ -115,6 +130,14 @@ class Linear(nn.Linear):
         self.int4_weight = packed
         return True
 
+    def attach_int8(self, blocks: Int8Blocks) -> bool:
+        """Keep `blocks` (which must describe this layer's weight); False if they do not fit or cannot run."""
+        if (tuple(blocks.codes.shape) != tuple(self.weight.shape) or blocks.codes.shape[1] % GROUP_SIZE
+                or not int8_supported(self.weight.device, self.weight.dtype)):
+            return False
+        self.int8 = Int8Blocks(blocks.codes.contiguous(), blocks.scales.float().contiguous())
+        return True
+
     def int4_max_rows(self) -> int:
         return INT4_MAX_ROWS_UPCAST if cpu_matmul.upcast_enabled(self.weight.dtype) else INT4_MAX_ROWS
 
@@ -126,6 +149,9 @@ class Linear(nn.Linear):
             return out if self.bias is None else out + self.bias
         if self.int4_weight is not None and x.dim() == 2 and x.shape[0] <= self.int4_max_rows():
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
+            return out if self.bias is None else out + self.bias
+        if self.int8 is not None and x.dim() == 2 and x.shape[0] <= INT8_LAYER_MAX_ROWS:
+            out = self.int8.matmul(x).to(self.weight.dtype)
             return out if self.bias is None else out + self.bias
         if self.prepacked is not None and x.dim() == 2 and x.dtype == self.weight.dtype:
             return cpu_matmul.prepacked_linear(x, self.prepacked, self.bias)

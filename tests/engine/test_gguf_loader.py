@@ -171,8 +171,8 @@ def test_every_tensor_type_loads_as_gguf_dequantizes_it(types, down_types, tmp_p
         assert torch.equal(gate, expected(f"{blk}.ffn_gate.weight"))
         assert torch.equal(up, expected(f"{blk}.ffn_up.weight"))
         assert torch.equal(state[f"{out}.mlp.down_proj.weight"], expected(f"{blk}.ffn_down.weight"))
-    # int4 copies only when every source of a Linear is Q4_0/Q4_1; the Q8_0 output weight as int8 blocks
-    assert list(packed) == ["lm_head"]
+    # int4 copies only when every source of a Linear is Q4_0/Q4_1/Q4_K; the Q8_0 output weight as int8 blocks
+    assert list(packed) == ["lm_head"] + (["layers.0.mlp.down_proj"] if down_types[0] == Q.Q4_K else [])
     assert torch.equal(packed["lm_head"].dequantize(), expected("output.weight"))
     model = build_model(config, state, torch.device("cpu"), packed)  # shapes fit the architecture
     assert model.output_int8 is packed["lm_head"]
