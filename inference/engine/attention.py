@@ -20,8 +20,9 @@ sequence's keys, the same computation for a row in any step
 
 A sliding-window layer (``window`` > 0: Mistral's `sliding_window`, Gemma 3's
 local layers) passes its window to every kernel: a token at position p attends
-to positions p - window + 1 .. p only. The cache keeps every block (the block
-manager frees none outside the window).
+to positions p - window + 1 .. p only. When every layer is windowed the block
+manager gives back the blocks behind the window: their table entries point at
+a null block that every kernel masks or skips (inference.engine.block_manager).
 """
 
 from __future__ import annotations

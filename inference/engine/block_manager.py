@@ -11,6 +11,20 @@ blocks; it is reused by a later prefix hit, or evicted (its key dropped) when
 a fresh block is needed and no never-cached block is left. Free-block
 accounting counts both kinds as free, so it returns to its starting value once
 every request has finished or been aborted.
+
+Sliding window (`window` > 0, given only when EVERY layer is local, e.g. Mistral's `sliding_window`): a query
+at position p reads keys p - window + 1 .. p only, so once a sequence's next query starts at position c, its
+blocks lying wholly before c - window are never read again. They are given back as it advances
+(`release_outside_window`, called by the scheduler before it grows the sequence), one block later than
+strictly needed, to the same place as a finished sequence's blocks: a full cached block stays hit-able by a
+later prefix. The table keeps its length (logical block i stays at index i) and the released entries point at
+the null block, NULL_BLOCK, reserved for this: never written (no slot maps there) and never read unmasked (every
+attention kernel starts at the window or masks what lies before it; the gathering reference paths read the
+zeros there and mask them). A prefix-cache hit adopts only the blocks its first computed token can see.
+A sequence then holds at most `peak_blocks`: its window, its prefill chunk and two blocks.
+A model with any global layer (Gemma 3) frees nothing: its global layers read every position. vLLM's hybrid
+allocator keeps one block table per layer group for that (freeing the local layers' blocks only), a larger
+change left out here.
 """
 
 from __future__ import annotations
@@ -18,6 +32,19 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from inference.engine.sequence import Sequence
+
+NULL_BLOCK = 0  # with a window: reserved; the table entry of every released block
+
+
+def peak_blocks(num_tokens: int, *, block_size: int, window: int = 0, chunk: int | None = None) -> int:
+    """The most blocks a sequence of `num_tokens` holds at once, its prompt computed in chunks of at most `chunk`
+    tokens. With a window: a step from position c holds blocks ceil((c + n) / bs) less the
+    (c - window) // bs - 1 released, at most ceil((window + n) / bs) + 2."""
+    total = -(-num_tokens // block_size)
+    if not window:
+        return total
+    chunk = num_tokens if chunk is None else min(chunk, num_tokens)
+    return min(total, -(-(window + chunk) // block_size) + 2)
 
 
 class Block:
@@ -31,14 +58,20 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
-        if num_blocks < 1:
-            raise ValueError("num_blocks must be positive")
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window: int = 0) -> None:
+        """`window`: the sliding window of a model whose every layer is local (0: keep every block)."""
+        reserved = 1 if window else 0  # the null block
+        if num_blocks < 1 + reserved:
+            raise ValueError("num_blocks must be positive" + " and hold the null block" * reserved)
         self.num_blocks = num_blocks
+        self.capacity = num_blocks - reserved  # blocks sequences can hold
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.window = window
+        self._null = NULL_BLOCK if window else -1  # -1: no table entry is null
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free_ids: deque[int] = deque(range(num_blocks))  # hold no cached content
+        self._free_ids: deque[int] = deque(range(reserved, num_blocks))  # hold no cached content
         self._evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but cached; oldest first
         self._cached: dict[tuple[str, int], int] = {}  # key -> block id
         self.query_tokens = 0
@@ -55,10 +88,14 @@ class BlockManager:
 
     @property
     def usage(self) -> float:
-        return 1.0 - self.num_free_blocks / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.capacity
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def peak_blocks(self, num_tokens: int, chunk: int | None = None) -> int:
+        """The most blocks a sequence of `num_tokens` holds at once (module's `peak_blocks`)."""
+        return peak_blocks(num_tokens, block_size=self.block_size, window=self.window, chunk=chunk)
 
     def record_query(self, *, query_tokens: int, hit_tokens: int) -> None:
         self.query_tokens += query_tokens
@@ -144,11 +181,44 @@ class BlockManager:
         return needed + taken_free <= self.num_free_blocks
 
     def _needs(self, seq: Sequence, num_new_tokens: int, prefix_blocks) -> tuple[int, int]:
+        """(fresh blocks, free cached blocks adopted) for `num_new_tokens` more. The table's length counts
+        released blocks too (logical indices), so only blocks past its end are fresh."""
         computed = seq.num_computed_tokens + len(prefix_blocks) * self.block_size
         have = len(seq.block_table) + len(prefix_blocks)
         needed = max(0, self.blocks_needed(computed + num_new_tokens) - have)
-        taken_free = sum(1 for b in prefix_blocks if self.blocks[b].ref_count == 0)
+        skip = self._releasable(len(prefix_blocks) * self.block_size)
+        taken_free = sum(1 for b in prefix_blocks[skip:] if self.blocks[b].ref_count == 0)
         return needed, taken_free
+
+    def _releasable(self, first_pos: int) -> int:
+        """How many leading blocks no query from `first_pos` on reads: those wholly before first_pos - window
+        (keys from first_pos - window + 1 are read), less one for safety."""
+        if not self.window:
+            return 0
+        return max(0, (first_pos - self.window) // self.block_size - 1)
+
+    def release_outside_window(self, seq: Sequence) -> int:
+        """Give back `seq`'s blocks that its next query (at num_computed_tokens) and later ones cannot see;
+        -> how many. Their entries become NULL_BLOCK in a new list (the model runner's copy of a table
+        follows appends only). With the prefix cache, only blocks already offered to it are released.
+        A step still in flight on the device (async scheduling) may read a released block: a later step
+        that writes it runs after it in stream order."""
+        table = seq.block_table
+        upto = min(self._releasable(seq.num_computed_tokens), len(table))
+        if self.enable_prefix_caching:
+            upto = min(upto, seq.num_registered_blocks)
+        i = upto - 1
+        if i < 0 or table[i] == self._null:
+            return 0  # nothing new (most steps)
+        table = list(table)
+        released = 0
+        while i >= 0 and table[i] != self._null:  # released entries form a prefix of the table
+            self._unref(table[i])
+            table[i] = self._null
+            released += 1
+            i -= 1
+        seq.block_table = table
+        return released
 
     def allocate(self, seq: Sequence, num_new_tokens: int, prefix_blocks: list[int] = ()) -> bool:
         """Give `seq` room for `num_new_tokens` more tokens, first adopting `prefix_blocks`
@@ -160,7 +230,9 @@ class BlockManager:
         needed, taken_free = self._needs(seq, num_new_tokens, prefix_blocks)
         if needed + taken_free > self.num_free_blocks:
             return False
-        for block_id in prefix_blocks:
+        skip = self._releasable(len(prefix_blocks) * self.block_size)  # a window: not seen from the hit's end
+        seq.block_table.extend([self._null] * skip)
+        for block_id in prefix_blocks[skip:]:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self._evictable[block_id]
@@ -175,28 +247,37 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references. Tail blocks are freed first so that the LRU evicts
         the ends of prefixes before their (more shareable) beginnings."""
+        null = self._null
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.key is not None:
-                    self._evictable[block_id] = None
-                else:
-                    self._free_ids.append(block_id)
+            if block_id != null:
+                self._unref(block_id)
         seq.block_table = []
         seq.num_registered_blocks = 0
+
+    def _unref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.key is not None:
+                self._evictable[block_id] = None
+            else:
+                self._free_ids.append(block_id)
 
     def check_invariants(self, live: list[Sequence]) -> None:
         """Assert the bookkeeping is consistent with the live sequences (for tests)."""
         refs = [0] * self.num_blocks
         for seq in live:
             for block_id in seq.block_table:
-                refs[block_id] += 1
+                if block_id != self._null:
+                    refs[block_id] += 1
         for block in self.blocks:
             assert block.ref_count == refs[block.block_id], (block.block_id, block.ref_count, refs[block.block_id])
         free, evict = set(self._free_ids), set(self._evictable)
         assert len(free) == len(self._free_ids) and not free & evict
-        for block in self.blocks:
+        if self.window:  # the null block: in no pool, never cached
+            null = self.blocks[NULL_BLOCK]
+            assert NULL_BLOCK not in free | evict and null.ref_count == 0 and null.key is None
+        for block in self.blocks[self.num_blocks - self.capacity:]:
             in_pool = block.block_id in free or block.block_id in evict
             assert in_pool == (block.ref_count == 0), block.block_id
             assert (block.block_id in evict) <= (block.key is not None)

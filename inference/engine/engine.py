@@ -122,7 +122,9 @@ class Engine:
 
     def _build_model_parts(self, config: EngineConfig, num_blocks: int, dtype: torch.dtype) -> None:
         """The KV cache's block manager, the scheduler over it and the model runner."""
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # a model whose every layer is windowed gives back the blocks behind the window (block_manager)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          window=self.model_config.kv_window)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
@@ -190,7 +192,8 @@ class Engine:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max_tokens} for the completion)."
             )
-        if self.block_manager.blocks_needed(n + max_tokens) > self.block_manager.num_blocks:
+        bm = self.block_manager
+        if bm.peak_blocks(n + max_tokens, self.config.max_num_batched_tokens) > bm.capacity:
             raise PromptTooLongError("The request needs more KV cache than this engine has.")
         seq = Sequence(request_id, prompt_token_ids, sampling, max_tokens=max_tokens, priority=priority,
                        cache_salt=cache_salt, arrival_time=arrival_time)
@@ -260,7 +263,7 @@ class Engine:
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "kv_usage": bm.usage,
-            "num_blocks": bm.num_blocks,
+            "num_blocks": bm.capacity,  # without the null block of a windowed model
             "kv_cache_bytes": self.kv_plan.bytes,
             "kv_cache_tokens": self.kv_plan.tokens,
             "free_blocks": bm.num_free_blocks,

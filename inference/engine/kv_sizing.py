@@ -20,12 +20,16 @@ A cache too small for one `max_model_len` sequence fails the start (KvCacheSizeE
 instead of refusing long prompts, or running out of memory, later. An explicit size (`kv_cache_mb`) wins;
 it fails the start only when it and the weights exceed all the free memory.
 
+A model whose every layer is windowed (inference.engine.block_manager) holds only its window's blocks per
+sequence: both figures above count what it can hold (`sequence_kv_tokens`), plus its reserved null block.
+
 `kv_cache_plan` is the whole decision, a pure function of those figures; `free_memory_bytes` and
 `weights_bytes` read them from the device and the loaded model.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,6 +221,15 @@ def weights_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def sequence_kv_tokens(model_config, *, block_size: int, max_model_len: int, chunk: int) -> int:
+    """The KV tokens one max_model_len sequence holds at most: all of them, or with every layer windowed its
+    window, a prefill chunk of `chunk` tokens and two blocks (block_manager.peak_blocks)."""
+    from .block_manager import peak_blocks
+
+    return block_size * peak_blocks(max_model_len, block_size=block_size, window=model_config.kv_window,
+                                    chunk=chunk)
+
+
 def engine_kv_plan(config, model_config, *, device: torch.device, dtype: torch.dtype, max_model_len: int,
                    free_bytes: int | None, weights: int) -> KvCachePlan:
     """The plan for an Engine (inference.engine.EngineConfig's kv_cache_mb, num_kv_blocks, kv_cache_fraction,
@@ -228,10 +241,17 @@ def engine_kv_plan(config, model_config, *, device: torch.device, dtype: torch.d
         return KvCachePlan(config.num_kv_blocks, config.block_size, block_bytes, "num_kv_blocks")
     on_cpu = device.type == "cpu"
     fraction = config.kv_cache_fraction or DEFAULT_FRACTION.get(device.type, DEFAULT_FRACTION["cuda"])
+    one, most = max_model_len, config.max_num_seqs * max_model_len
+    if model_config.kv_window:  # blocks behind the window are given back: the null block and windows
+        bs, budget = config.block_size, config.max_num_batched_tokens
+        held = functools.partial(sequence_kv_tokens, model_config, block_size=bs, max_model_len=max_model_len)
+        one = held(chunk=budget) + bs
+        # each decode holds its window; a step's prefill chunks add at most its token budget and a block each
+        most = config.max_num_seqs * (held(chunk=1) + bs) + budget + bs
     return kv_cache_plan(
-        block_bytes=block_bytes, block_size=config.block_size, min_tokens=max_model_len, free_bytes=free_bytes,
+        block_bytes=block_bytes, block_size=config.block_size, min_tokens=one, free_bytes=free_bytes,
         weights_bytes=weights, fraction=fraction, workers=config.workers_per_device,
-        max_tokens=config.max_num_seqs * max_model_len if on_cpu else None,
+        max_tokens=most if on_cpu else None,
         max_bytes=CPU_CEILING_BYTES if on_cpu else None,
         override_bytes=None if config.kv_cache_mb is None else config.kv_cache_mb * MiB)
 

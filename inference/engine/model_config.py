@@ -121,6 +121,15 @@ class ModelConfig:
         return self.sliding_window
 
     @property
+    def kv_window(self) -> int:
+        """How far back any layer reads the KV cache: the sliding window when every layer is local (Mistral),
+        so blocks behind it can be given back (inference.engine.block_manager); 0 when a layer is global
+        (Gemma 3: its global layers read every position, so nothing is freed)."""
+        if self.sliding_window is None or (self.sliding_layers is not None and not all(self.sliding_layers)):
+            return 0
+        return self.sliding_window
+
+    @property
     def attention_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 

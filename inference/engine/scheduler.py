@@ -11,6 +11,11 @@ is preempted by recompute: its blocks are released (full ones stay in the
 prefix cache, so re-admission usually hits them) and it returns to the
 waiting queue keeping its generated tokens. A waiting sequence that strictly
 outranks the worst running one may preempt it to get a seat or blocks.
+
+With a model whose every layer is windowed, a running sequence gives back the
+blocks behind its window before it grows (BlockManager.release_outside_window),
+so a long sequence holds about window / block_size + 2 blocks and the blocks it
+asks for are only those past its table's end.
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ class Scheduler:
 
         # Every running sequence passes here every step: attributes are read directly.
         allocate = self.bm.allocate
+        release = self.bm.release_outside_window if self.bm.window else None
         add_seq, add_n = batch.seqs.append, batch.num_new_tokens.append
         i = 0
         while i < len(running) and budget > 0:
@@ -128,6 +134,8 @@ class Scheduler:
             n = len(seq.token_ids) + pending - computed  # a pending token is its next input
             if n > budget:
                 n = budget
+            if release is not None:
+                release(seq)
             if not allocate(seq, n) and not self._preempt_until_allocated(seq, n, batch):
                 break  # `seq` itself was the worst and got preempted
             add_seq(seq)
