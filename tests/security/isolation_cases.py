@@ -226,6 +226,15 @@ def dashboard_usage_csv(w: World) -> None:
     _b_page(w, "usage.csv")
 
 
+@case("dashboard/<slug:slug>/usage-by-model.csv")
+def dashboard_usage_by_model_csv(w: World) -> None:
+    _b_page(w, "usage-by-model.csv")
+    # A's by-model CSV filtered by B's key: a 400, never B's figures
+    response = w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/usage-by-model.csv",
+                               {"key": w.b.api_key.public_id, "start": "2026-09-01", "end": "2026-09-30"})
+    assert response.status_code == 400 and w.b.usage.model.encode() not in response.content
+
+
 @case("dashboard/<slug:slug>/keys/")
 def dashboard_keys(w: World) -> None:
     from tenants.models import ApiKey
