@@ -58,13 +58,15 @@ from common.errors import (
     ApiError, AuthenticationError, InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable, count_error,
     error_body,
 )
-from inference.api.job_run import job_chunks
+from inference.api.capacity import capacity_ready, capacity_wait
+from inference.api.job_run import JobRun, job_chunks
 from inference.api.parsing import json_object_parse
 from inference.api.responses import response_builder, usage_body
 from inference.api.schemas import ENDPOINTS, api_request_parse
 from inference.api.services import (
-    INFERENCE_SCOPE, ajob_submit, arequest_prepare, arequest_refused_count, request_id_new,
+    INFERENCE_SCOPE, PreparedRequest, ajob_submit, arequest_prepare, arequest_refused_count, request_id_new,
 )
+from inference.metrics.gateway import refusal_count
 from inference.realtime_frames import MAX_CLIENT_ID, MAX_FRAME_BYTES, frame_too_large, header_value, valid_client_id
 from tenants.services.api_keys import AuthContext, aapi_key_verify, bearer_token
 from tenants.services.key_events import KeyWatch, key_watch_start, key_watch_stop, key_watch_update
@@ -218,15 +220,7 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
     async def _run(self, client_id: str, entry: _InFlight, endpoint: str, body: dict, auth: AuthContext) -> None:
         """One request, with the context its frame was authorized with (the tier and ceilings of now)."""
         try:
-            request_id = request_id_new()
-            async with self._admission:
-                try:
-                    request = api_request_parse(endpoint=endpoint, body=body)
-                    prepared = await arequest_prepare(auth=auth, request=request, request_id=request_id)
-                except ApiError as exc:  # refused for its body: it still counts against the key's requests per minute
-                    await arequest_refused_count(auth=auth, request_id=request_id, error=exc)
-                    raise
-                run = await ajob_submit(prepared=prepared)
+            prepared, run = await self._admitted(endpoint, body, auth)
             builder = response_builder(prepared=prepared)
             builder.include_usage = False  # usage comes in the done frame
             entry.run = run
@@ -253,6 +247,23 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
         finally:
             if self.in_flight.get(client_id) is entry:
                 del self.in_flight[client_id]
+
+    async def _admitted(self, endpoint: str, body: dict, auth: AuthContext) -> tuple[PreparedRequest, JobRun]:
+        """Parse, prepare, admit and queue a frame in arrival order (`self._admission`); one whose model has no
+        worker yet waits for one (capacity_wait) out of that line, then queues again: it holds up no later frame."""
+        request_id = request_id_new()
+        async with self._admission:
+            try:
+                request = api_request_parse(endpoint=endpoint, body=body)
+                prepared = await arequest_prepare(auth=auth, request=request, request_id=request_id)
+            except ApiError as exc:  # refused for its body: it still counts against the key's requests per minute
+                await arequest_refused_count(auth=auth, request_id=request_id, error=exc)
+                raise
+            if await _counted(capacity_ready(prepared.model.name), prepared):
+                return prepared, await ajob_submit(prepared=prepared)  # its capacity check: the yes just read
+        await _counted(capacity_wait(prepared.model.name), prepared)
+        async with self._admission:
+            return prepared, await ajob_submit(prepared=prepared)
 
     async def _refusal_count(self, error: ApiError) -> None:
         """A frame refused unparsed (too large, not JSON) on an authenticated socket counts against the key's
@@ -373,6 +384,14 @@ async def _verified(key: str) -> AuthContext:
 def _unavailable() -> ServiceUnavailable:
     return ServiceUnavailable("The API key cannot be checked right now. Please retry shortly.",
                               code="auth_unavailable")
+
+
+async def _counted(step, prepared: PreparedRequest):
+    try:  # a capacity step taken here, not in ajob_submit: its refusal counted as ajob_submit counts one
+        return await step
+    except ApiError as exc:
+        refusal_count(model=prepared.model.name, tier=prepared.auth.tier.name, code=exc.code)
+        raise
 
 
 def _cancel_if_running(task: asyncio.Task | None) -> None:

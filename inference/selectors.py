@@ -8,8 +8,9 @@ from tenants.models import Tier
 MAX_NAME_LENGTH = 100
 
 
-def _plausible_name(name) -> bool:
-    # NUL and other control characters never name a model (and PostgreSQL rejects NUL in text).
+def model_name_plausible(name) -> bool:
+    """Whether `name` may name a model row, checked before a query: NUL and other control characters never
+    name one (PostgreSQL rejects NUL in text), nor does a name longer than the column."""
     return isinstance(name, str) and 0 < len(name) <= MAX_NAME_LENGTH and name.isprintable()
 
 
@@ -21,13 +22,13 @@ def served_model_list_for_tier(*, tier: Tier) -> list[ServedModel]:
 
 def served_model_get_for_tier(*, tier: Tier, name: str) -> ServedModel | None:
     """The enabled model `name` if the tier may call it, else None (callers answer 404)."""
-    if not _plausible_name(name) or not tier.allows_model(name):
+    if not model_name_plausible(name) or not tier.allows_model(name):
         return None
     return ServedModel.objects.filter(enabled=True, name=name).first()
 
 
 async def aserved_model_get_for_tier(*, tier: Tier, name: str) -> ServedModel | None:
-    if not _plausible_name(name) or not tier.allows_model(name):
+    if not model_name_plausible(name) or not tier.allows_model(name):
         return None
     return await ServedModel.objects.filter(enabled=True, name=name).afirst()
 

@@ -24,6 +24,18 @@ from typing import Any, Protocol
 
 from django.core.signals import setting_changed
 
+from common.errors import ServiceUnavailable
+
+RETRY_AFTER_S = 5  # what a 503 for a model nobody serves now tells the client to wait
+
+
+def model_unavailable(model: str, *, why: str = "no worker has it loaded",
+                      code: str = "model_unavailable") -> ServiceUnavailable:
+    """The 503 of a request for a model no worker serves now (`why`), with Retry-After: defined here, in the
+    seam both the web side (inference.api) and the worker pools (inference.worker.embedded) import."""
+    return ServiceUnavailable(f"The model `{model}` is not being served right now ({why}). Please retry later.",
+                              code=code, headers={"Retry-After": str(RETRY_AFTER_S)})
+
 
 class WorkerPool(Protocol):
     """What the web process needs of the workers that serve its jobs."""
@@ -34,7 +46,7 @@ class WorkerPool(Protocol):
 
     def start(self, model: str) -> None:
         """Make sure `model`'s jobs will be served; called on the web's event loop before each enqueue,
-        cheap after the first call. Raises ServiceUnavailable when that cannot be."""
+        cheap after the first call. Raises `model_unavailable` (above) when that cannot be."""
 
     def reply_channel_opened(self, name: str, receiver: Any) -> None:
         """This process's reply channel `name` opened; `receiver` (inference.api.replies.ReplyChannel)

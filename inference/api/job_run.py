@@ -27,7 +27,7 @@ from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 from inference.api.responses import ResponseBuilder
 from inference.api.schemas import api_param
 from inference.protocol import Delta, Done, Event
-from inference.serving import get_worker_pool
+from inference.serving import get_worker_pool, model_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -171,10 +171,7 @@ class JobRun:
             return
         if not served:
             self.cancel()
-            raise ServiceUnavailable(
-                f"No worker is serving the model `{self.model}` any more. Please retry later.", code="no_worker",
-                headers={"Retry-After": "5"},
-            )
+            raise model_unavailable(self.model, why="no worker serves it any more", code="no_worker")
 
 
 def done_error(done: Done, *, endpoint: str, max_tokens_param: str = "max_tokens") -> ApiError | None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from common.cache import TtlCache
 from common.errors import NotFound
 from inference.models import ServedModel
+from inference.selectors import model_name_plausible
 
 CACHE_TTL_S = 5.0
 REFRESH_AFTER_S = 1.0
@@ -53,8 +54,7 @@ def _tokenizer_source(row: ServedModel) -> str:
     try:
         return source_locate(row.source).path
     except SourceError:  # files gone: the tokenizer's load fails, and the request gets 503 model_unavailable
-        source = row.source
-        return source[len("gguf:"):] if source.startswith("gguf:") else source
+        return row.source
 
 
 def _info_from_row(row: ServedModel | None) -> ModelInfo | None:
@@ -69,7 +69,7 @@ def model_cache_clear() -> None:
 
 
 async def _read(name: str) -> "ModelInfo | None":
-    row = await ServedModel.objects.filter(name=name).afirst() if len(name) <= 100 else None
+    row = await ServedModel.objects.filter(name=name).afirst() if model_name_plausible(name) else None
     return _info_from_row(row)
 
 

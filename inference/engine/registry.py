@@ -123,11 +123,25 @@ def resolve_model(name: str) -> ModelSource:
     return source
 
 
-def _source_from_path(name: str, path: Path, context_length: int | None) -> ModelSource | None:
+def model_path_kind(path: Path) -> str | None:
+    """What the engine loads from `path`: "gguf" (a .gguf file), "safetensors" (a Hugging Face directory, with
+    its config.json), or None. Reads nothing but the file system (inference.model_sources asks it too)."""
     try:
         if path.is_file() and path.suffix == ".gguf":
-            return ModelSource(name, "gguf", str(path), context_length)
+            return "gguf"
         if path.is_dir() and (path / "config.json").is_file():
+            return "safetensors"
+    except OSError:
+        return None
+    return None
+
+
+def _source_from_path(name: str, path: Path, context_length: int | None) -> ModelSource | None:
+    kind = model_path_kind(path)
+    try:
+        if kind == "gguf":
+            return ModelSource(name, "gguf", str(path), context_length)
+        if kind == "safetensors":
             if context_length is None:
                 config = json.loads((path / "config.json").read_text())
                 context_length = config.get("max_position_embeddings")

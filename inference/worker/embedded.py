@@ -23,8 +23,8 @@ from typing import Any
 
 from django.conf import settings
 
-from common.errors import ServiceUnavailable
 from inference.queue import get_job_queue
+from inference.serving import model_unavailable
 
 from .engine_factory import engine_build
 from .events import EventSink, LocalReceivers, bind_event_loop, bound_event_loop
@@ -120,16 +120,13 @@ class EmbeddedWorkers:
         # engine itself loads in its thread).
         from inference.served_models import serve_models
 
-        if model not in serve_models():  # no engine of it here, nor one to come: no use waiting
-            raise ServiceUnavailable(
-                f"The model `{model}` is not being served right now (this server serves "
-                f"{', '.join(serve_models())}; SERVE_MODELS). Please retry later.",
-                code="model_unavailable", headers={"Retry-After": "5"})
+        served = serve_models()
+        if model not in served:  # no engine of it here, nor one to come: no use waiting
+            raise model_unavailable(model, why=f"this server serves {', '.join(served)}; SERVE_MODELS")
         try:
             ensure_embedded_worker(model)
         except Exception as exc:
-            raise ServiceUnavailable(f"The embedded engine could not start: {exc}", code="model_unavailable",
-                                     headers={"Retry-After": "5"}) from exc
+            raise model_unavailable(model, why=f"the embedded engine could not start: {exc}") from exc
 
     @property
     def receivers(self) -> LocalReceivers:

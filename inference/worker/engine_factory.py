@@ -32,19 +32,23 @@ def engine_build(
     kv_cache_fraction: float | None = None,
     workers_per_device: int | None = None,
     max_num_seqs: int | None = None,
+    row_options: dict | None = None,
     **extra: Any,
 ) -> Any:
     """An Engine for `model` on `device` (a built-in name, or any ServedModel row's: its files are registered
     first); an argument left None takes the model's row's value (dtype) or its setting, a setting left None the
-    engine's default. The KV cache is sized from the device's free memory unless a size is given (the
-    engine logs the size and its tokens; inference.engine.kv_sizing); a cache that cannot hold one
-    max-length sequence raises KvCacheSizeError here, at start."""
+    engine's default. `row_options`: the row's engine options when the caller has read them already
+    (run_worker: served_model_check, which registered the files too); else they are read here. The KV cache
+    is sized from the device's free memory unless a size is given (the engine logs the size and its tokens;
+    inference.engine.kv_sizing); a cache that cannot hold one max-length sequence raises KvCacheSizeError
+    here, at start."""
     from inference.engine import Engine, EngineConfig  # torch loads only in processes that build an engine
 
     from inference.served_models import served_model_engine_setup
 
     engine_runtime_configure()
-    row_options = served_model_engine_setup(name=model)  # an added model's files, under its name
+    if row_options is None:
+        row_options = served_model_engine_setup(name=model)  # an added model's files, under its name
     options = {
         "dtype": dtype or row_options.get("dtype") or settings.ENGINE_DTYPE,
         "kv_cache_mb": kv_cache_mb or settings.ENGINE_KV_CACHE_MB,

@@ -1,35 +1,33 @@
-"""The spool: a durable queue of finished requests' endings, each kept on disk until its sink has
-written it and settled it, however long PostgreSQL or Redis is away.
+"""The spool: a durable queue of finished requests' endings, each kept on disk until its sink has written it
+and settled it, however long PostgreSQL or Redis is away.
 
     spool = spool_open(directory, sink)  # this process's spool; `sink` is its owner's (a SpoolSink)
     spool.add(items)                    # durable (fsynced) before anything else happens
     spool.process(items)                # sink.write, and sink.settle_start overlapping it
     spool.done(ids, written=True)       # written / settled: forgotten when both
 
-The spool knows nothing of what its items mean: its owner's sink says what an item's request id is, how
-it is kept on disk (`encode`: a JSON object; `decode`: back) and what writing and settling items is. Every
-finished request passes through here (inference.worker.finish: its `Ending`, whose sink is billing's
-settlement service). `add` encodes its items once, into a SQLite file of this process committed with
-`synchronous=FULL` (fsynced), before anything else; `process` hands the same in-memory items to the sink
-(the record inserted, the reservation settled; what was done is marked without an fsync of its own: see
-`done`). Only what is read back from the file is decoded: what one attempt could not do (the database or
-Redis away) stays there, and a flusher thread retries it every FLUSH_INTERVAL_S (backing off to
-FLUSH_MAX_INTERVAL_S) until it is done, then forgets it; a row that cannot be decoded is kept and reported
-as a record that fails (below). The insert is idempotent on request_id and a reservation is settled once,
-so a crash between the insert and the spool's update writes nothing twice.
+The spool knows nothing of what its items mean: its owner's sink says what an item's request id is, how it is kept
+on disk (`encode`: a JSON object; `decode`: back) and what writing and settling items is. Every finished request
+passes through here (inference.worker.finish: its `Ending`, whose sink is billing's settlement service). `add`
+encodes its items once, into a SQLite file of this process committed with `synchronous=FULL` (fsynced), before
+anything else; `process` hands the same in-memory items to the sink (the record inserted, the reservation settled;
+what was done is marked without an fsync of its own: see `done`). Only what is read back from the file is decoded:
+what one attempt could not do (the database or Redis away) stays there, and a flusher thread retries it every
+FLUSH_INTERVAL_S (backing off to FLUSH_MAX_INTERVAL_S) until it is done, then forgets it; a row that cannot be
+decoded is kept and reported as a record that fails (below). The insert is idempotent on request_id and a
+reservation is settled once, so a crash between the insert and the spool's update writes nothing twice.
 
-A process that dies leaves its file behind; the next spool opened in the same folder (the restarted
-worker, or another one) takes it over: each file is held with an exclusive `flock` on its `.lock` while
-its process lives, so a file whose lock can be taken belongs to nobody, and its rows are copied into the
-taker's file before it is deleted.
+A process that dies leaves its file behind; the next spool opened in the same folder (the restarted worker,
+or another one) takes it over: each file is held with an exclusive `flock` on its `.lock` while its process
+lives, so a file whose lock can be taken belongs to nobody, and its rows are copied into the taker's file
+before it is deleted.
 
-A record that fails for another reason than a lost connection (a price row that cannot be read, a value
-its column refuses) is never dropped: the request was served, so it is billed once the cause is fixed. It
-stays in the file, logged at ERROR with the reason at each try, and is retried on its own backoff
-(RETRY_BASE_S doubling to RETRY_MAX_S; `retry_at`), so it never blocks the others: a batch holding it is
-written record by record, and the flusher only picks records that are due. Its reservation is settled at
-once all the same (the settlement does not wait for the record), by this process, not only by the beat's
-stale sweep.
+A record that fails for another reason than a lost connection (a price row that cannot be read, a value its column
+refuses) is never dropped: the request was served, so it is billed once the cause is fixed. It stays in the file,
+logged at ERROR with the reason at each try, and is retried on its own backoff (RETRY_BASE_S doubling to
+RETRY_MAX_S; `retry_at`), so it never blocks the others: a batch holding it is written record by record, and the
+flusher only picks records that are due. Its reservation is settled at once all the same (the settlement does not
+wait for the record), by this process, not only by the beat's stale sweep.
 """
 
 from __future__ import annotations
@@ -64,6 +62,7 @@ _ADDED_COLUMNS = (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("retry_at", "REAL
                   ("error", "TEXT NOT NULL DEFAULT ''"))
 _COLUMNS = "request_id, record, written, settled, added_at, attempts, retry_at, error"
 _dumps = json.JSONEncoder(check_circular=False).encode  # a row is a tree of plain values: 10% less than json.dumps
+_UNDECODABLE = object()  # flush_once: a row whose record its sink cannot decode
 
 
 class ConnectionLost(Exception):
@@ -273,25 +272,27 @@ class Spool(Generic[Item]):
             unsettled = self._db.execute(
                 "SELECT request_id, record FROM pending WHERE settled = 0 ORDER BY added_at LIMIT ?",
                 (FLUSH_BATCH,)).fetchall()
-        unwritten_items = self._decoded(unwritten, report=True)
-        unsettled_items = self._decoded(unsettled, report=False)
+        decoded: dict[str, Any] = {}  # request id -> its item (or _UNDECODABLE): a row in both lists, decoded once
+        unwritten_items = self._decoded(unwritten, decoded, report=True)
+        unsettled_items = self._decoded(unsettled, decoded, report=False)
         if unwritten_items:
             self.done(self._write(unwritten_items), written=True)
         if unsettled_items and not self.db_outage.down and self._settle_waited(self._settle_started(unsettled_items)):
             self.done([self.sink.request_id(item) for item in unsettled_items], settled=True)
         return self.pending()
 
-    def _decoded(self, rows: list[tuple[str, str]], *, report: bool) -> list[Item]:
-        """The items of rows read from the disk; one that cannot be decoded is kept (`report`: as a record
-        that failed to be written; an unsettled one is also unwritten, or was decoded before)."""
-        items = []
+    def _decoded(self, rows: list[tuple[str, str]], decoded: dict[str, Any], *, report: bool) -> list[Item]:
+        """The items of rows read from the disk, each decoded once into `decoded`; one that cannot be is kept
+        (`report`: as a record that failed to be written; an unsettled one is also unwritten, or was before)."""
         for request_id, record in rows:
-            try:
-                items.append(self.sink.decode(json.loads(record)))
-            except Exception as exc:  # noqa: BLE001 - never dropped: fixed, it is written
-                if report:
-                    self._failed(request_id, exc)
-        return items
+            if request_id not in decoded:
+                try:
+                    decoded[request_id] = self.sink.decode(json.loads(record))
+                except Exception as exc:  # noqa: BLE001 - never dropped: fixed, it is written
+                    decoded[request_id] = _UNDECODABLE
+                    if report:
+                        self._failed(request_id, exc)
+        return [decoded[request_id] for request_id, _ in rows if decoded[request_id] is not _UNDECODABLE]
 
     # ------------------------------------------------------------ the flusher
     def _start_flusher(self) -> None:

@@ -82,3 +82,38 @@ async def test_a_missing_worker_is_waited_for_a_bounded_time(queue, settings, mo
     await services.capacity_check("m")  # the worker came up within the wait: served
     await arrival
     assert loop.time() - started < 1 and queue.asked > asked
+
+
+async def test_requests_waiting_for_one_model_share_a_poll_and_go_on_in_their_order(queue, settings, monkeypatch):
+    """capacity_ready never waits; capacity_wait does, out of the caller's line (the WebSocket's admission). The
+    waiters of one model share one read of the heartbeats per WAIT_POLL_S, each bounded by its own MODEL_WAIT_S,
+    and a worker seen answers them in the order they began to wait."""
+    monkeypatch.setattr(services, "WAIT_POLL_S", 0.05)
+    settings.MODEL_WAIT_S = 5
+    queue.workers = []
+    assert await services.capacity_ready("m") is False and queue.asked == 1
+    order: list[str] = []
+
+    async def waiter(name: str) -> None:
+        await services.capacity_wait("m")
+        order.append(name)
+
+    tasks = [asyncio.ensure_future(waiter(name)) for name in ("a", "b", "c")]
+    await asyncio.sleep(0.22)
+    asked = queue.asked - 1
+    assert 1 <= asked <= 6  # one poll for the three (three polls would ask three times as often)
+    queue.workers = [{"worker_id": "w1"}]
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=2)
+    assert order == ["a", "b", "c"] and not services._waiting.get(asyncio.get_running_loop())
+    settings.MODEL_WAIT_S = 0.1  # a short wait ends on its own deadline while a longer one goes on
+    queue.workers = []
+    services._live_workers.clear()
+    short = asyncio.ensure_future(services.capacity_wait("m"))
+    await asyncio.sleep(0)  # it has read its MODEL_WAIT_S
+    settings.MODEL_WAIT_S = 5
+    long = asyncio.ensure_future(services.capacity_wait("m"))
+    with pytest.raises(ServiceUnavailable):
+        await asyncio.wait_for(short, timeout=2)
+    assert not long.done()
+    queue.workers = [{"worker_id": "w2"}]
+    await asyncio.wait_for(long, timeout=2)

@@ -198,6 +198,30 @@ async def test_embedded_mode_refuses_a_model_outside_serve_models_at_once(asgi_c
     assert "smol-other" not in embedded._workers  # no engine started for it
 
 
+@pytest.mark.django_db
+def test_a_worker_reads_its_models_row_once_at_start(base_gguf, django_assert_num_queries):
+    """run_worker: served_model_check reads the row (its files registered, its engine options), and the engine
+    is built from that read, with no second query (engine_build's row_options)."""
+    from inference.served_models import served_model_check
+    from inference.worker.engine_factory import engine_build
+
+    model_add("tiny-f32", "--source", str(base_gguf), "--dtype", "float32")
+    try:
+        with django_assert_num_queries(1):
+            served = served_model_check(name="tiny-f32")
+        assert served.path == str(base_gguf) and served.engine_options == {"batch_invariant": False,
+                                                                            "dtype": "float32"}
+        with django_assert_num_queries(0):
+            engine = engine_build(model="tiny-f32", device="cpu", kv_cache_mb=4, max_num_seqs=1,
+                                  row_options=served.engine_options)
+        assert engine.config.dtype == "float32" and resolve_model("tiny-f32").path == str(base_gguf)
+    finally:
+        unregister_model("tiny-f32")
+    with django_assert_num_queries(0):  # a name no row can have (a control character) is not asked for
+        with pytest.raises(Exception, match="unknown model"):
+            served_model_check(name="tiny\x00base")
+
+
 def test_serve_models_setting(settings):
     from inference.served_models import serve_models
 
@@ -208,6 +232,11 @@ def test_serve_models_setting(settings):
     assert serve_models() == ["a", "b"]
     settings.SERVE_MODELS = ["b", "a"]
     assert serve_models() == ["b", "a"]
+    served = serve_models()
+    served.append("c")  # a caller's copy: the parsed value is kept once, unchanged
+    assert serve_models() == ["b", "a"]
+    settings.DEFAULT_MODEL, settings.SERVE_MODELS = "other-default", ""
+    assert serve_models() == ["other-default"]
 
 
 @pytest.mark.django_db
@@ -218,8 +247,8 @@ def test_run_worker_refuses_an_unknown_model_before_it_heartbeats(settings, base
     with pytest.raises(CommandError, match="unknown model 'no-such-model'.*model_add"):
         call_command("run_worker", "--model", "no-such-model", stdout=io.StringIO())
     model_add("tiny-base", "--source", str(base_gguf))
-    assert served_model_check(name="tiny-base") == str(base_gguf)  # any added model: its files
-    assert served_model_check(name=SMOLLM2_NAME) == str(builtin_gguf_path())  # built in, no row
+    assert served_model_check(name="tiny-base").path == str(base_gguf)  # any added model: its files
+    assert served_model_check(name=SMOLLM2_NAME).path == str(builtin_gguf_path())  # built in, no row
     ServedModel.objects.filter(name="tiny-base").update(source="gguf:/gone.gguf")
     with pytest.raises(CommandError, match="cannot serve 'tiny-base'.*is not a file"):
         call_command("run_worker", "--model", "tiny-base", stdout=io.StringIO())

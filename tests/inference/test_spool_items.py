@@ -81,6 +81,29 @@ def test_what_is_retried_is_decoded_from_the_disk(tmp_path, no_flusher):
     spool.close(flush_timeout=0)
 
 
+def test_a_row_both_to_write_and_to_settle_is_decoded_once_a_pass(tmp_path, no_flusher, monkeypatch):
+    """The flusher reads the rows to write and the rows to settle; a row in both lists is one decode, not two
+    (and one that cannot be decoded is tried, and reported, once a pass)."""
+    monkeypatch.setattr("inference.worker.spool.RETRY_BASE_S", 0.0)
+    sink = ItemSink()
+    spool = Spool(tmp_path, sink)
+    items = [Item("a", 5), Item("b", 7)]
+    sink.down = True
+    sink.settle_start = lambda items: lambda: False  # Redis away too
+    spool.add(items)
+    assert spool.process(items) == (False, False) and spool.pending() == 2
+    with spool._db_lock:
+        spool._db.execute("INSERT INTO pending (request_id, record, added_at) VALUES (?, ?, ?)",
+                          ("bad", json.dumps({"request_id": "bad", "tokens": "bad"}), time.time()))
+    sink.down = False
+    del sink.settle_start  # back
+    assert spool.flush_once() == 1  # the bad row stays
+    assert sink.decoded == 3  # a, b and the bad row: each read back once, though each was in both lists
+    assert {rid: item.tokens for rid, item in sink.written.items()} == {"a": 5, "b": 7}
+    assert sink.settled == ["a", "b"] and [(rid, n) for rid, n, _ in spool.failing()] == [("bad", 1)]
+    spool.close(flush_timeout=0)
+
+
 def test_a_row_that_cannot_be_decoded_is_kept_and_reported_and_blocks_nothing(tmp_path, no_flusher, monkeypatch):
     monkeypatch.setattr("inference.worker.spool.RETRY_BASE_S", 0.0)
     sink = ItemSink()

@@ -2,9 +2,11 @@
     --max-tokens N --temperature T --seed S [--dtype float32|bfloat16] [--json]
 
 Offline generation with the engine, no server. Works right after install, before
-any migration: built-in model names resolve in code (inference.engine.registry) and
-the database is consulted only for a name the code does not know. `--prompt` is
-sent as one user message through the model's chat template (`--raw`: as plain text).
+any migration: built-in model names resolve in code (inference.engine.registry); a
+name's ServedModel row, when the database has one, gives the files of a name the
+code does not know and its chat template, which replaces the files' as in the API.
+`--prompt` is sent as one user message through that template (`--raw`: as plain
+text), and the model's end-of-turn tokens stop the reply, as for a chat request.
 `--json` prints {"text", "token_ids", "prompt_token_ids", "usage", "finish_reason"}.
 """
 
@@ -18,39 +20,44 @@ from django.core.management.base import BaseCommand, CommandError
 from inference.worker.engine_factory import engine_runtime_configure
 
 
-def _register_from_database(name: str) -> bool:
-    """Register a ServedModel row's files under `name`; False when there is no usable row
-    (or no table yet: the command must work before migrations)."""
-    from django.db import DatabaseError
+def _served_row(name: str):
+    """The enabled ServedModel row `name`, or None (also with no table yet: the command works before migrations)."""
+    from django.db import DatabaseError, connection
 
-    from inference.model_sources import SourceError
+    from inference.models import ServedModel
+    from inference.selectors import model_name_plausible
 
+    if not model_name_plausible(name):
+        return None
+    if connection.vendor == "sqlite":
+        file = str(connection.settings_dict["NAME"])
+        if not connection.creation.is_in_memory_db(file) and not Path(file).exists():
+            return None  # no rows there, and asking would create the file
     try:
-        from inference.models import ServedModel
-        from inference.served_models import served_model_register
-
-        row = ServedModel.objects.filter(name=name, enabled=True).first()
+        return ServedModel.objects.filter(name=name, enabled=True).first()
     except DatabaseError:
-        return False
-    if row is None:
-        return False
-    try:
-        served_model_register(row)
-    except (SourceError, ValueError):
-        return False
-    return True
+        return None
 
 
-def resolve_model_name(name: str) -> None:
+def resolve_model_name(name: str):
+    """Make `name` loadable: a name the engine registry knows, else a row's files registered under it; returns
+    the row (whose chat template replaces the files', as in the API) or None. CommandError when neither."""
     from inference.engine.registry import UnknownModelError, resolve_model
+    from inference.model_sources import SourceError
+    from inference.served_models import served_model_register
 
+    row = _served_row(name)
     try:
         resolve_model(name)
-        return
+        return row
     except UnknownModelError:
-        pass
-    if not _register_from_database(name):
-        raise CommandError(f"Unknown model {name!r}.")
+        if row is None:
+            raise CommandError(f"Unknown model {name!r}.") from None
+    try:
+        served_model_register(row)
+    except SourceError as exc:  # the row's files are gone: say so, not "unknown model"
+        raise CommandError(f"Cannot load {name!r}: {exc}") from exc
+    return row
 
 
 def read_messages(path: str) -> list[dict]:
@@ -62,6 +69,28 @@ def read_messages(path: str) -> list[dict]:
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
         raise CommandError("The messages file must hold a JSON list of {\"role\", \"content\"} objects.")
     return messages
+
+
+def prompt_encode(tokenizer, options: dict, sampling, *, row_template: str | None) -> list[int]:
+    """The prompt's token ids: `--raw` as plain text, else the chat through the model's template as the API
+    renders it (the row's template, else the files'), its end-of-turn tokens added to `sampling`'s stops."""
+    from common.errors import ApiError
+    from inference.api.services import chat_encode
+
+    if options["raw"] and not options["messages_file"]:
+        return tokenizer.encode(options["prompt"], add_special_tokens=True)
+    template = row_template or tokenizer.chat_template
+    if not template:
+        raise CommandError("This model has no chat template (a base model): use --raw with --prompt, or give it "
+                           "one (manage.py model_add NAME --chat-template FILE).")
+    messages = (read_messages(options["messages_file"]) if options["messages_file"]
+                else [{"role": "user", "content": options["prompt"]}])
+    try:
+        prompt_ids = chat_encode(messages=messages, template=template, tokenizer=tokenizer)
+    except ApiError as exc:  # the template refused these messages
+        raise CommandError(exc.message) from exc
+    sampling.stop_token_ids += [i for i in tokenizer.end_of_turn_ids(template) if i not in sampling.stop_token_ids]
+    return prompt_ids
 
 
 class Command(BaseCommand):
@@ -88,7 +117,7 @@ class Command(BaseCommand):
         from inference.engine import Engine, EngineConfig, EngineValidationError, SamplingParams
 
         model = options["model"]
-        resolve_model_name(model)
+        row = resolve_model_name(model)
         sampling = SamplingParams(max_tokens=options["max_tokens"], temperature=options["temperature"],
                                   top_p=options["top_p"], seed=options["seed"], stop=options["stop"])
         try:
@@ -98,13 +127,7 @@ class Command(BaseCommand):
         engine_runtime_configure()
         engine = Engine(EngineConfig(model=model, device=options["device"], dtype=options["dtype"],
                                      kv_cache_mb=options["kv_cache_mb"], max_num_seqs=1))
-        tokenizer = engine.tokenizer
-        if options["messages_file"]:
-            prompt_ids = tokenizer.encode_chat(read_messages(options["messages_file"]))
-        elif options["raw"]:
-            prompt_ids = tokenizer.encode(options["prompt"], add_special_tokens=True)
-        else:
-            prompt_ids = tokenizer.encode_chat([{"role": "user", "content": options["prompt"]}])
+        prompt_ids = prompt_encode(engine.tokenizer, options, sampling, row_template=row and row.chat_template)
         try:
             out = engine.generate([prompt_ids], sampling)[0]
         except EngineValidationError as exc:

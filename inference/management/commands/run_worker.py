@@ -81,7 +81,7 @@ class Command(BaseCommand):
             raise CommandError(f"--device must be cpu or cuda:N, not {device!r}")
         model = options["model"]
         try:
-            served_model_check(name=model)  # before any heartbeat says it is loading
+            served = served_model_check(name=model)  # before any heartbeat says it is loading; its row read once
         except SourceError as exc:
             raise CommandError(f"cannot serve {model!r}: {exc}") from exc
         max_num_seqs = options["max_num_seqs"] or settings.ENGINE_MAX_NUM_SEQS
@@ -90,7 +90,7 @@ class Command(BaseCommand):
             return engine_build(model=model, device=device, dtype=options["dtype"],
                                 kv_cache_mb=options["kv_cache_mb"], kv_cache_fraction=options["kv_cache_fraction"],
                                 workers_per_device=options["workers_per_device"], max_num_seqs=max_num_seqs,
-                                cuda_graphs=not options["no_cuda_graphs"],
+                                cuda_graphs=not options["no_cuda_graphs"], row_options=served.engine_options,
                                 **step_order(sync_output=options["sync_output"],
                                              async_scheduling=options["async_scheduling"]))
 
