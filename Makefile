@@ -48,7 +48,7 @@ test: install
 
 # The database- and queue-facing suites against real PostgreSQL and Redis.
 test-postgres: install
-	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(PY) -m pytest tests/tenants tests/billing tests/inference tests/dashboard $(PYTEST_ARGS)
+	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(PY) -m pytest tests/tenants tests/billing tests/inference tests/batches tests/dashboard $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/engine_offline.py --requests 16 --concurrency 16

@@ -100,9 +100,9 @@ def _too_large_body(limit: int) -> bytes:
 
 
 def body_limit(app, *, max_bytes=None, applies=None, refused_by_app=frozenset()):
-    """Wrap the ASGI `app`: a body over `max_bytes` (default settings.DATA_UPLOAD_MAX_MEMORY_SIZE, read per
-    request) is refused with 413 in the OpenAI error shape without being read, for the paths `applies(path)`
-    accepts (default: those under /v1).
+    """Wrap the ASGI `app`: a body over `max_bytes` (a number or a callable returning one; default
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE, read per request) is refused with 413 in the OpenAI error shape
+    without being read, for the paths `applies(path)` accepts (default: those under /v1).
 
     Django reads a whole body into memory or a temporary file before it looks at its size, so a 12 MiB
     body used to cost the reading and the spooling of 12 MiB before its 413. Here a Content-Length over the
@@ -120,7 +120,7 @@ def body_limit(app, *, max_bytes=None, applies=None, refused_by_app=frozenset())
             from django.conf import settings
 
             return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
-        return int(max_bytes)
+        return int(max_bytes() if callable(max_bytes) else max_bytes)
 
     def limited(path: str) -> bool:
         if applies is None:

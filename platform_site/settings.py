@@ -14,6 +14,7 @@ REDIS_URL     absent: embedded backends (in-memory channel layer, in-process
               queue, engine thread inside the web process, eager Celery).
 """
 
+import json
 import os
 import tempfile
 from datetime import timedelta
@@ -87,6 +88,7 @@ INSTALLED_APPS = [
     "tenants",
     "billing",
     "inference",
+    "batches",
     "dashboard",
 ]
 
@@ -245,6 +247,10 @@ CELERY_BEAT_SCHEDULE = {
     "close-invoices": {"task": "billing.tasks.close_invoices", "schedule": 900.0, "options": {"expires": 900.0}},
     "release-stale-reservations": {"task": "billing.tasks.release_stale_reservations", "schedule": 60.0,
                                    "options": {"expires": 60.0}},
+    # batches whose validation task was lost (batches.services.validation); batches past their window
+    "validate-pending-batches": {"task": "batches.tasks.validate_pending", "schedule": 60.0,
+                                 "options": {"expires": 60.0}},
+    "expire-batches": {"task": "batches.tasks.expire_batches", "schedule": 60.0, "options": {"expires": 60.0}},
 }
 
 # Prometheus metrics (inference.metrics). PROMETHEUS_MULTIPROC_DIR: a directory (emptied before the web
@@ -279,6 +285,32 @@ ADMISSION_LEASE_S = float(ENV.get("ADMISSION_LEASE_S", "5"))
 BUDGET_ALERT_PERCENTS = [int(p) for p in ENV.get("BUDGET_ALERT_PERCENTS", "50,80,100").split(",") if p.strip()]
 # Hours after a period ends before its invoices are finalized (late usage records still land in them).
 INVOICE_GRACE_HOURS = float(ENV.get("INVOICE_GRACE_HOURS", "1"))
+
+# ---------------------------------------------------------------- files and batches (the Batch API: batches app)
+# Files (`/v1/files`) live in FILE_STORAGE, a Django storage backend (django.core.files.storage), under one
+# folder per tenant. Embedded default: a local directory, FILE_STORAGE_DIR (default var/files; a temporary one
+# under pytest). Production may name any Django storage class with its options as JSON, e.g. S3 through
+# django-storages (`pip install django-storages[s3]`, not a dependency of this project):
+#   FILE_STORAGE_BACKEND=storages.backends.s3.S3Storage
+#   FILE_STORAGE_OPTIONS={"bucket_name": "llm-files", "location": "files", "default_acl": "private"}
+# (credentials as boto3 reads them: the instance role or AWS_* variables). Several web replicas need a
+# shared storage (S3, or one network folder): a file written by one is read by another.
+FILE_STORAGE_BACKEND = ENV.get("FILE_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage")
+FILE_STORAGE_OPTIONS = json.loads(ENV.get("FILE_STORAGE_OPTIONS", "") or "{}")
+if FILE_STORAGE_BACKEND == "django.core.files.storage.FileSystemStorage":
+    FILE_STORAGE_OPTIONS.setdefault("location", ENV.get("FILE_STORAGE_DIR", "") or (
+        str(Path(tempfile.gettempdir()) / f"llm-files-test-{os.getpid()}") if TESTING else str(BASE_DIR / "var" / "files")))
+FILE_STORAGE = {"BACKEND": FILE_STORAGE_BACKEND, "OPTIONS": FILE_STORAGE_OPTIONS}
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "files": FILE_STORAGE,  # django.core.files.storage.storages["files"]
+}
+# An uploaded file's size limit (OpenAI: 200 MB for a batch's input; lower here by default), and the requests
+# one batch file may hold (OpenAI's 50,000). A multipart upload's body may pass DATA_UPLOAD_MAX_MEMORY_SIZE on
+# POST /v1/files alone, up to FILES_MAX_BYTES and the form's own bytes (platform_site/asgi.py).
+FILES_MAX_BYTES = int(ENV.get("FILES_MAX_BYTES", str(50 * 1024 * 1024)))
+BATCH_MAX_LINES = int(ENV.get("BATCH_MAX_LINES", "50000"))
 
 # ---------------------------------------------------------------- auth / i18n / static
 AUTH_PASSWORD_VALIDATORS = [
@@ -318,7 +350,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": True,
     "SCHEMA_PATH_PREFIX": "/v1",
     "PREPROCESSING_HOOKS": ["inference.api.openapi.only_v1_endpoints"],
-    "POSTPROCESSING_HOOKS": ["inference.api.openapi.document_complete"],
+    "POSTPROCESSING_HOOKS": ["inference.api.openapi.document_complete", "batches.openapi.components_add"],
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
     # the id converters of common.converters: a public id is a string, a row id an integer

@@ -18,6 +18,7 @@ urlpatterns = [
     path("", include("inference.urls")),
     path("", include("tenants.urls")),
     path("", include("billing.urls")),
+    path("", include("batches.urls")),
 ]
 
 handler404 = "common.errors.handler404"

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("billing", "common", "dashboard", "inference", "kernels", "platform_site", "tenants")
+PACKAGES = ("batches", "billing", "common", "dashboard", "inference", "kernels", "platform_site", "tenants")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 

@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("billing", "inference", "tenants", "dashboard", "common", "platform_site", "kernels")
+PRODUCT = ("billing", "inference", "batches", "tenants", "dashboard", "common", "platform_site", "kernels")
 PRICE_FIELDS = {"input_picos", "cached_input_picos", "output_picos", "multiplier_milli"}
 ARITHMETIC = {"billing/money.py"}
 RULE_CALLERS = {"billing/services/costs.py", "billing/services/admission_plan.py"}

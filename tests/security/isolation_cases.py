@@ -144,6 +144,101 @@ def key_revoke(w: World) -> None:
     assert w.b.api_key.revoked_at is None
 
 
+# ---------------------------------------------------------------- files and batches (the Batch API)
+def _b_file(w: World):
+    """A file row of B's (its bytes are never read: A's requests stop at the 404)."""
+    from batches.models import StoredFile
+
+    return StoredFile.objects.create(tenant=w.b.tenant, purpose="batch", filename="b.jsonl", bytes=10,
+                                     storage_name=f"tenant-{w.b.tenant.pk}/never-written.jsonl")
+
+
+def _b_batch(w: World):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from batches.models import Batch
+
+    return Batch.objects.create(tenant=w.b.tenant, api_key=w.b.api_key, endpoint="/v1/chat/completions",
+                                input_file=_b_file(w), status=Batch.Status.IN_PROGRESS,
+                                expires_at=timezone.now() + timedelta(hours=24))
+
+
+@case("v1/files")
+def files_list_and_upload(w: World) -> None:
+    import tempfile
+
+    from django.conf import settings
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.test import override_settings
+
+    from batches.models import StoredFile
+    from batches.services.files import files_storage
+
+    b_file = _b_file(w)
+    listed = w.api.get("/v1/files", **bearer(w.a.key)).json()["data"]
+    assert b_file.public_id not in [file["id"] for file in listed]
+    assert w.api.get("/v1/files", {"after": b_file.public_id}, **bearer(w.a.key)).status_code == 400
+    upload = SimpleUploadedFile("a.jsonl", b"{}\n")
+    with tempfile.TemporaryDirectory() as folder, override_settings(STORAGES={**settings.STORAGES, "files": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": folder}}}):
+        created = w.api.post("/v1/files", {"purpose": "batch", "file": upload}, **bearer(w.a.key)).json()
+        stored = StoredFile.objects.get(public_id=created["id"])
+        assert files_storage().exists(stored.storage_name) and stored.tenant_id == w.a.tenant.pk
+
+
+@case("v1/files/<public_id:file_id>")
+def file_detail_and_delete(w: World) -> None:
+    b_file = _b_file(w)
+    for method in ("get", "delete"):
+        response = getattr(w.api, method)(f"/v1/files/{b_file.public_id}", **bearer(w.a.key))
+        _not_found(response)
+        assert _error_code(response) == "file_not_found"
+    b_file.refresh_from_db()
+    assert b_file.deleted_at is None
+
+
+@case("v1/files/<public_id:file_id>/content")
+def file_content(w: World) -> None:
+    response = w.api.get(f"/v1/files/{_b_file(w).public_id}/content", **bearer(w.a.key))
+    _not_found(response)
+    assert _error_code(response) == "file_not_found"
+
+
+@case("v1/batches")
+def batches_list_and_create(w: World) -> None:
+    from batches.models import Batch
+
+    b_batch = _b_batch(w)
+    listed = w.api.get("/v1/batches", **bearer(w.a.key)).json()["data"]
+    assert b_batch.public_id not in [batch["id"] for batch in listed]
+    assert w.api.get("/v1/batches", {"after": b_batch.public_id}, **bearer(w.a.key)).status_code == 400
+    body = {"input_file_id": b_batch.input_file.public_id, "endpoint": "/v1/chat/completions",
+            "completion_window": "24h"}
+    response = w.api.post("/v1/batches", body, format="json", **bearer(w.a.key))  # B's file as A's input
+    _not_found(response)
+    assert _error_code(response) == "file_not_found"
+    assert Batch.objects.filter(tenant=w.a.tenant).count() == 0
+
+
+@case("v1/batches/<public_id:batch_id>")
+def batch_detail(w: World) -> None:
+    response = w.api.get(f"/v1/batches/{_b_batch(w).public_id}", **bearer(w.a.key))
+    _not_found(response)
+    assert _error_code(response) == "batch_not_found"
+
+
+@case("v1/batches/<public_id:batch_id>/cancel")
+def batch_cancel(w: World) -> None:
+    b_batch = _b_batch(w)
+    response = w.api.post(f"/v1/batches/{b_batch.public_id}/cancel", **bearer(w.a.key))
+    _not_found(response)
+    assert _error_code(response) == "batch_not_found"
+    b_batch.refresh_from_db()
+    assert b_batch.status == "in_progress" and b_batch.cancelling_at is None
+
+
 # ---------------------------------------------------------------- usage, costs, invoices (API)
 def _window(w: World) -> dict:
     start = int(w.b.usage.created_at.timestamp()) // 86400 * 86400

@@ -70,7 +70,7 @@ def test_the_limits_carry_typed_scopes():
 
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("billing", "inference", "tenants", "dashboard", "common", "platform_site", "benchmarks")
+PRODUCT = ("billing", "inference", "batches", "tenants", "dashboard", "common", "platform_site", "benchmarks")
 # what building or reading a scope's string by hand looks like
 BY_HAND = re.compile(r"""f["'][tk]\{|scope\[1:\]|scope\.startswith\(|\.startswith\(["'][tk]["']\)""")
 

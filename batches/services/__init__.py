@@ -1,0 +1,1 @@
+"""The Batch API's services: files, batches (creation, cancelling), their states, the validation of lines."""

@@ -1,0 +1,93 @@
+"""What the batch runner (issue 39, part 2) calls: claim a batch's pending lines, finish each once, release a
+dead runner's, and end the batch (finalizing, then completed; expired past its window).
+
+A line is claimed by one runner at a time: `pending → running` is a conditional UPDATE (and, on PostgreSQL,
+the pending rows are picked with SKIP LOCKED, so two runners claiming at once take different lines). It is
+finished once: `running → completed | failed` matches only while the same runner holds it, and the batch's
+counts move in that same transaction, so a retried finish neither counts nor bills twice (bill a line when
+`batch_line_finish` returns True; its `request_id` is the usage record's, idempotent per (batch, custom_id)).
+Locks are taken line first, then the batch (as `batch_cancel_settle` does), never the other way round.
+"""
+
+from __future__ import annotations
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from batches.models import Batch, BatchLine
+from batches.services.batches import batch_cancel_settle
+from batches.services.transitions import S, batch_transition
+from batches.text import body_text, printable_copy
+
+L = BatchLine.Status
+
+
+def batch_lines_claim(*, batch: Batch, runner: str, limit: int) -> list[BatchLine]:
+    """Up to `limit` pending lines of an in_progress batch, in file order, now `running` for `runner` (a name
+    unique among live runners); their `request_id` is set once, on the first claim, and kept on a retry."""
+    with transaction.atomic():
+        pending = BatchLine.objects.filter(batch=batch, status=L.PENDING, batch__status=S.IN_PROGRESS)
+        if connection.features.has_select_for_update_skip_locked:
+            pending = pending.select_for_update(skip_locked=True, of=("self",))
+        ids = list(pending.order_by("line_no").values_list("pk", flat=True)[:limit])
+        BatchLine.objects.filter(pk__in=ids, status=L.PENDING).update(
+            status=L.RUNNING, claimed_by=runner, claimed_at=timezone.now(), attempts=F("attempts") + 1)
+        claimed = list(BatchLine.objects.filter(pk__in=ids, status=L.RUNNING, claimed_by=runner).order_by("line_no"))
+        for line in claimed:
+            if not line.request_id:
+                line.request_id = f"{batch.public_id}-{line.line_no}"
+                BatchLine.objects.filter(pk=line.pk).update(request_id=line.request_id)
+    return claimed
+
+
+def batch_line_finish(*, line: BatchLine, runner: str, status_code: int | None, body: dict | None,
+                      error: dict | None = None) -> bool:
+    """Record a claimed line's outcome (a 200 is `completed`, anything else `failed`) and count it in its
+    batch; False when `runner` no longer holds it (finished already, released, or cancelled)."""
+    done = L.COMPLETED if status_code == 200 and error is None else L.FAILED
+    if error is not None:
+        error = {key: printable_copy(value) if isinstance(value, str) else value for key, value in error.items()}
+    with transaction.atomic():
+        moved = BatchLine.objects.filter(pk=line.pk, status=L.RUNNING, claimed_by=runner).update(
+            status=done, response_status=status_code, response_body=body_text(body) if body is not None else "",
+            error=error, finished_at=timezone.now())
+        if not moved:
+            return False
+        counter = "completed" if done == L.COMPLETED else "failed"
+        Batch.objects.filter(pk=line.batch_id).update(**{counter: F(counter) + 1})
+    return True
+
+
+def batch_lines_release(*, runner: str) -> int:
+    """A dead runner's running lines back to `pending` (their request_id kept: billing stays idempotent)."""
+    return BatchLine.objects.filter(status=L.RUNNING, claimed_by=runner).update(
+        status=L.PENDING, claimed_by="", claimed_at=None)
+
+
+def batch_end_check(*, batch: Batch) -> str:
+    """Move a batch on once its lines allow: an in_progress batch with no pending or running line to
+    `finalizing` (the runner then writes its files: batches.services.outputs.batch_files_attach, which completes it);
+    a cancelling one to `cancelled` once none runs. Returns the batch's status."""
+    batch.refresh_from_db()
+    if batch.status == S.CANCELLING:
+        batch_cancel_settle(batch=batch)
+    elif batch.status == S.IN_PROGRESS:
+        if not BatchLine.objects.filter(batch=batch, status__in=(L.PENDING, L.RUNNING)).exists():
+            batch_transition(batch=batch, to=S.FINALIZING)
+    batch.refresh_from_db()
+    return batch.status
+
+
+def batches_expire(*, now=None) -> int:
+    """In-progress batches past their window become `expired`; their pending lines `expired` (never run, never
+    billed). Lines running then finish as usual. Returns how many batches expired."""
+    now = now or timezone.now()
+    expired = 0
+    for batch in Batch.objects.filter(status=S.IN_PROGRESS, expires_at__lte=now).order_by("pk"):
+        if batch_transition(batch=batch, to=S.EXPIRED):
+            BatchLine.objects.filter(batch=batch, status=L.PENDING).update(
+                status=L.EXPIRED, error={"code": "batch_expired", "message": "This request could not be executed "
+                                         "before the completion window expired."}, finished_at=now)
+            expired += 1
+    return expired
