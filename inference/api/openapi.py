@@ -16,6 +16,7 @@ from inference.api.schemas import (
     MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, MAX_USER_CHARS, SEED_MAX, SEED_MIN,
     SERVICE_TIERS,
 )
+from inference.engine.structured_spec import MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH
 from tenants.openapi import COMPONENTS as TENANTS_COMPONENTS
 from tenants.openapi import ref
 
@@ -32,6 +33,31 @@ def _range(low: float, high: float, kind: str = "number", *, exclusive_low: bool
     schema["exclusiveMinimum" if exclusive_low else "minimum"] = low
     return schema
 
+
+_JSON_SCHEMA_FORMAT = {
+    "type": "object", "required": ["name", "schema"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+        "description": {"type": ["string", "null"]},
+        "schema": {"type": "object", "description": (
+            "The JSON Schema the output follows (required here; OpenAI's API makes it optional). Checked before "
+            f"the request is admitted: at most {MAX_SCHEMA_CHARS} characters of JSON and {MAX_SCHEMA_DEPTH} "
+            "levels of nesting, and compiled; an invalid schema is a 400 (param response_format).")},
+        "strict": {"type": ["boolean", "null"], "description": (
+            "true: a schema keyword the grammar cannot enforce (e.g. uniqueItems, not, if/then/else) is a 400 "
+            "naming it; false (default): such keywords are ignored, everything else is enforced.")},
+    },
+}
+_RESPONSE_FORMAT = {
+    "description": "The output's format, enforced token by token by a grammar (README: Structured outputs). "
+                   "On /v1/completions an extension (as vLLM's).",
+    "anyOf": [
+        {"type": "null"},
+        {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"type": "object", "required": ["type", "json_schema"],
+         "properties": {"type": {"const": "json_schema"}, "json_schema": _JSON_SCHEMA_FORMAT}},
+    ],
+}
 
 # Sampling and output fields both endpoints take (inference.api.schemas._common).
 _COMMON_FIELDS = {
@@ -59,6 +85,7 @@ _COMMON_FIELDS = {
     "ignore_eos": {"type": ["boolean", "null"]},
     "min_tokens": {"type": ["integer", "null"], "minimum": 0, "description": "At most max_tokens."},
     "user": {"type": ["string", "null"], "maxLength": MAX_USER_CHARS},
+    "response_format": _RESPONSE_FORMAT,
 }
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
@@ -121,7 +148,6 @@ COMPONENTS = {
             "logprobs": {"type": ["boolean", "null"]},
             "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
                              "description": "Needs logprobs: true."},
-            "response_format": {"type": ["object", "null"], "properties": {"type": {"const": "text"}}},
             "modalities": {"type": ["array", "null"], "items": {"const": "text"}},
         },
     },
@@ -147,7 +173,8 @@ COMPONENTS = {
                        "logprobs": {"type": ["object", "null"]},
                        "message": {"type": "object", "required": ["role", "content"],
                                    "properties": {"role": {"const": "assistant"},
-                                                  "content": {"type": ["string", "null"]}}}},
+                                                  "content": {"type": ["string", "null"]},
+                                                  "refusal": {"type": ["string", "null"]}}}},
     }),
     "TextCompletion": _completion_object("text_completion", {
         "type": "object", "required": ["index", "text", "finish_reason"],

@@ -4,8 +4,11 @@ Plain functions rather than DRF serializers: the views are async, and every
 failure must name the exact OpenAI parameter (`param`, e.g. `messages[2].role`).
 Unknown fields are ignored, as OpenAI does; fields we know but cannot honour
 (n > 1, tools, echo, audio...) are refused with a 400 instead of being
-silently dropped. Ranges agree with `SamplingParams.validate`, which the
-service runs again once the vocabulary size is known.
+silently dropped. `response_format` (text, json_object, json_schema:
+inference.api.response_format) is honoured on both endpoints (on
+/v1/completions as an extension, as vLLM's). Ranges agree with
+`SamplingParams.validate`, which the service runs again once the
+vocabulary size is known.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.api.fields import Fields, brief, invalid, is_int, is_number, num, text_check, type_error
+from inference.api.response_format import response_format_parse
+from inference.engine.structured_spec import StructuredOutput
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
@@ -51,6 +56,8 @@ class ApiRequest:
     logprobs: int | None = None  # None off; k >= 0: chosen token plus the top k
     user: str | None = None
     service_tier: str | None = None
+    # response_format as the engine's StructuredOutput (also in `sampling`); None: free text
+    response_format: StructuredOutput | None = None
 
     @property
     def prompt_param(self) -> str:
@@ -281,6 +288,13 @@ def _messages(body: dict) -> list[dict[str, str]]:
     return normalised
 
 
+def _structured(request: ApiRequest, body: dict) -> None:
+    spec = response_format_parse(body=body)
+    if spec is not None:
+        request.response_format = spec
+        request.sampling["structured_output"] = spec
+
+
 def chat_request_parse(*, body: dict) -> ApiRequest:
     """Validate a `/v1/chat/completions` body."""
     request = _common(body, CHAT)
@@ -292,12 +306,7 @@ def chat_request_parse(*, body: dict) -> ApiRequest:
         raise invalid("Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is used.", "top_logprobs")
     request.logprobs = (top_logprobs or 0) if logprobs else None
     _refuse_unsupported(body, {"tools": [], "functions": [], "audio": None, "prediction": None})
-    response_format = body.get("response_format")
-    if response_format is not None:
-        if not isinstance(response_format, dict):
-            raise type_error("response_format", "an object", response_format)
-        if response_format.get("type") != "text":
-            raise invalid("Only response_format {'type': 'text'} is supported by this server.", "response_format.type", "unsupported_value")
+    _structured(request, body)
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise invalid("Only the 'text' modality is supported.", "modalities", "unsupported_value")
@@ -339,6 +348,7 @@ def completion_request_parse(*, body: dict) -> ApiRequest:
     request.prompt, request.prompt_token_ids = _prompt(body)
     request.logprobs = Fields(body).integer("logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     _refuse_unsupported(body, {"echo": False, "best_of": 1, "suffix": ("",)})
+    _structured(request, body)  # an extension here, as vLLM's (OpenAI's legacy endpoint has no response_format)
     return request
 
 

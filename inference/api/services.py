@@ -1,7 +1,8 @@
 """From a validated request to a queued Job: model access, tier limits, tokenisation.
 
 `arequest_prepare` does everything that can fail because of the client (all of
-it before anything is queued, so a 4xx never costs engine time);
+it before anything is reserved or queued, so a 4xx never costs engine time;
+a `response_format` schema is compiled here too: inference.api.response_format);
 `ajob_submit` checks capacity and enqueues. Views and the WebSocket consumer
 share both.
 """
@@ -19,6 +20,7 @@ from common.errors import ApiError, InvalidRequest, ServiceUnavailable
 from inference.api.capacity import capacity_check, queue_outage
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
 from inference.api.schemas import CHAT, ApiRequest, api_param
+from inference.api.response_format import aresponse_format_check
 from inference.metrics.gateway import refusal_count
 
 logger = logging.getLogger(__name__)
@@ -165,7 +167,10 @@ def sampling_build(*, request: ApiRequest, max_tokens: int, vocab_size: int | No
     except EngineValidationError as exc:
         param = api_param(exc.param, endpoint=request.endpoint, max_tokens_param=request.max_tokens_param)
         raise InvalidRequest(exc.message, param=param, code="invalid_value") from None
-    return params.to_dict()
+    sampling = params.to_dict()
+    if sampling.get("structured_output") is None:  # absent, not null: a worker from before it reads other jobs
+        sampling.pop("structured_output", None)
+    return sampling
 
 
 # ---------------------------------------------------------------- prepare + submit
@@ -186,6 +191,8 @@ async def arequest_prepare(*, auth, request: ApiRequest, request_id: str | None 
     limit = context_limit(tier=auth.tier, info=info)
     max_tokens = _max_tokens_resolve(request=request, tier=auth.tier, prompt_len=len(prompt_ids), limit=limit)
     sampling = sampling_build(request=request, max_tokens=max_tokens, vocab_size=tokenizer.vocab_size)
+    if request.response_format is not None:  # the schema through the engine's compiler (cached, off the loop)
+        await aresponse_format_check(spec=request.response_format)
     if template is not None and not sampling["ignore_eos"]:  # a reply ends with its turn (Gemma: <end_of_turn>)
         stops = sampling["stop_token_ids"]
         stops += [i for i in tokenizer.end_of_turn_ids(template) if i not in stops]

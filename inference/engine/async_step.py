@@ -6,6 +6,10 @@ back the one in flight.
 those tokens and builds their outputs while step N+1 computes. A request that finishes (stop
 token, stop string) has had one more step launched for it; that step's token is dropped. Rows that
 need their history on the host (penalties, logprobs) read the step back first.
+
+A row with a grammar (structured output) needs its matcher advanced by its pending token before its
+next mask: a batch holding one launches its forward, lands the step in flight (the matchers take its
+tokens), and only then samples (`unsampled`), so the forward still overlaps the landing on a GPU.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ class AsyncSchedulingOrder:
         # for them (a row whose sampling reads its token history on the host)
         self.inflight: PendingSample | None = None
         self.inflight_needs_host = False
+        # a launched forward whose sampling waits for the step in flight to land (rows with a grammar):
+        # (batch, logits, sampled seqs)
+        self.unsampled: tuple[ScheduledBatch, object, list] | None = None
 
     def holds_work(self) -> bool:
         """A launched step not read back yet."""
@@ -68,6 +75,8 @@ class AsyncSchedulingOrder:
                 return outputs + recovered
         if prev is not None:
             outputs += self._land(prev)  # while the step just launched computes
+        if self.unsampled is not None:
+            outputs += self._sample_unsampled()
         return outputs
 
     def _launch(self, batch: ScheduledBatch, prev: PendingSample | None, t1: float) -> list[RequestOutput] | None:
@@ -79,7 +88,9 @@ class AsyncSchedulingOrder:
             t2 = time.perf_counter()
             seqs, logits = self.runner.run(*inputs)
             t3 = time.perf_counter()
-            inflight = self.sampler.launch(logits, seqs) if seqs else None
+            # grammar rows: their masks need the tokens of `prev`, taken after it lands (step())
+            defer = prev is not None and any(s.grammar is not None for s in seqs)
+            inflight = self.sampler.launch(logits, seqs) if seqs and not defer else None
         except Exception as exc:  # noqa: BLE001 - land the step in flight, then rerun this one in parts
             outputs = self._land(prev) if prev is not None else []
             live = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if s.status is not FINISHED]
@@ -88,6 +99,8 @@ class AsyncSchedulingOrder:
         self.failures.step_ran()
         if seqs:
             self.inflight = inflight
+            if defer:
+                self.unsampled = (batch, logits, seqs)
             needs_host = False
             for i, seq in enumerate(seqs):
                 seq.pending += 1
@@ -102,6 +115,28 @@ class AsyncSchedulingOrder:
         timers["sample_s"] += t4 - t3
         self.meter.count(batch, len(seqs), time.time())
         return None
+
+    def _sample_unsampled(self) -> list[RequestOutput]:
+        """Sample the launched forward held for its grammar rows, now that their matchers took the tokens
+        of the step before. If the sampling raises, the step is undone and rerun in parts, as in the
+        synchronous order."""
+        batch, logits, seqs = self.unsampled
+        self.unsampled = None
+        if self.failures.dead is not None:  # landing the step before found a broken device
+            return []
+        t0 = time.perf_counter()
+        try:
+            self.inflight = self.sampler.launch(logits, seqs)
+        except Exception as exc:  # noqa: BLE001 - pinned to its request(s) by the rerun
+            for seq in seqs:
+                seq.pending -= 1
+            live = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if s.status is not FINISHED]
+            for seq, n in live:
+                seq.num_computed_tokens -= n
+            self.inflight_needs_host = False
+            return self.failures.recover(ScheduledBatch([s for s, _ in live], [n for _, n in live]), exc)
+        self.meter.timers["sample_s"] += time.perf_counter() - t0
+        return []
 
     def _land(self, pending: PendingSample) -> list[RequestOutput]:
         """Read back a launched step's tokens, take them and build their outputs. A row whose request

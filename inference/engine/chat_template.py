@@ -7,7 +7,10 @@ expect: `raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII
 text, and the loop-control extension. Whitespace handling (trim_blocks,
 lstrip_blocks) matches transformers, so the rendered text is identical.
 `assistant_turn_end` finds the text that closes an assistant turn, so that a
-chat reply can stop on it (Tokenizer.end_of_turn_ids).
+chat reply can stop on it (Tokenizer.end_of_turn_ids). Tools reach a template
+as Hugging Face passes them, a `tools=[{"type": "function", "function": ...}]`
+keyword of render_chat_template; `template_uses_tools` tells whether a
+template reads that variable at all (inference.api.tool_prompt).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import json
 from datetime import datetime
 from functools import lru_cache
 
-from jinja2.exceptions import SecurityError
+from jinja2 import meta
+from jinja2.exceptions import SecurityError, TemplateSyntaxError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
@@ -78,6 +82,17 @@ def compile_chat_template(source: str):
     env.globals["namespace"] = _GuardedNamespace
     env.globals["dict"] = lambda *args, **kwargs: dict(*args, **kwargs)
     return env.from_string(source)
+
+
+@lru_cache(maxsize=32)
+def template_uses_tools(source: str) -> bool:
+    """Whether the template reads a `tools` variable (Qwen2.5, Qwen3, Llama 3.1 do; SmolLM2, Gemma 3 do not).
+    A template that does not parse: False (rendering it reports the error)."""
+    try:
+        env = compile_chat_template(source).environment
+        return "tools" in meta.find_undeclared_variables(env.parse(source))
+    except TemplateSyntaxError:
+        return False
 
 
 def render_chat_template(source: str, messages: list[dict], *, add_generation_prompt: bool = True,

@@ -70,6 +70,7 @@ from inference.engine.sequence import Sequence
 from inference.engine.step_isolation import EngineDeadError, StepFailureHandler
 from inference.engine.step_meter import StepMeter
 from inference.engine.stop_checker import StopChecker
+from inference.engine.structured import StructuredGate
 from inference.engine.sync_step import SyncStepOrder
 from inference.engine.token_outputs import TokenOutputs
 
@@ -145,6 +146,8 @@ class Engine:
         handling, the meter, and the step order (sync, with or without deferred outputs, or async
         scheduling)."""
         self.meter = StepMeter()
+        # structured outputs: requests wait here for their grammar, compiled off this thread (engine.structured)
+        self.structured = StructuredGate(self.tokenizer, self.vocab_size, self.scheduler)
         self.tokens = TokenOutputs(self.scheduler, self.logprob_formatter)
         self.failures = StepFailureHandler(scheduler=self.scheduler, runner=self.runner, sampler=self.sampler,
                                            tokens=self.tokens, meter=self.meter)
@@ -202,18 +205,22 @@ class Engine:
         seq.detok = detokenizer_for(self.tokenizer, skip_special_tokens=sampling.skip_special_tokens)
         seq.stopper = StopChecker(sampling, eos_token_id=self.eos_token_id, max_tokens=max_tokens,
                                   max_model_len=self.max_model_len)
+        if sampling.structured_output is not None:  # structured outputs: scheduled once its grammar is compiled
+            self.structured.submit(seq)
+            return
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> bool:
         """Free the request's blocks now; the next step() reports it finished ("abort")."""
-        seq = self.scheduler.abort(request_id)
+        seq = self.scheduler.abort(request_id) or self.structured.abort(request_id)
         if seq is None:
             return False
         self._pending.append(request_output(seq, [], "", None))
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending) or self.step_order.holds_work()
+        return (self.scheduler.has_unfinished() or bool(self._pending) or self.step_order.holds_work()
+                or bool(self.structured.waiting))
 
     # ---- one iteration ------------------------------------------------------------------------
     def step(self, *, on_first_tokens: Callable[[list[str]], None] | None = None) -> list[RequestOutput]:
@@ -225,6 +232,7 @@ class Engine:
         its queue while the model computes).
         """
         outputs, self._pending = self._pending, []
+        outputs += self.structured.poll()  # requests whose grammar is ready enter the scheduler
         return self.step_order.step(outputs, on_first_tokens)
 
     # ---- offline batch ------------------------------------------------------------------------

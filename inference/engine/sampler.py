@@ -2,6 +2,7 @@
 
 Order per row (as in HF/vLLM): raw logits -> logprobs (reported from the raw
 model distribution, log_softmax of the unmodified logits, like OpenAI) ->
+the grammar's token mask (rows with a structured output: inference.engine.structured_mask) ->
 repetition/presence/frequency penalties -> logit_bias -> min_tokens mask ->
 greedy argmax, or temperature -> top_k -> top_p -> min_p -> one draw.
 
@@ -60,6 +61,7 @@ class Sampler:
         self.eos_token_id = eos_token_id
         self.generator = torch.Generator().manual_seed(seed)
         self.per_row = per_row
+        self.masker = None  # GrammarMasker, built at the first row with a grammar (none: no cost at all)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         return self.finish(self.launch(logits, seqs))
@@ -88,6 +90,9 @@ class Sampler:
             raw_lp = torch.cat([torch.log_softmax(logits[i:i + 1], dim=-1) for i in lp_rows])
         elif lp_rows:
             raw_lp = torch.log_softmax(logits[_to_device(torch.tensor(lp_rows), dev)], dim=-1)
+        g_rows = [i for i, s in enumerate(seqs) if getattr(s, "grammar", None) is not None]  # (stand-ins lack it)
+        if g_rows:
+            self._grammar_masker().apply(logits, seqs, g_rows)
         self._process(logits, seqs)
         greedy = [s.sampling.greedy for s in seqs]
         if all(greedy):
@@ -110,6 +115,13 @@ class Sampler:
             pending.ready.record()
         return pending
 
+    def _grammar_masker(self):
+        if self.masker is None:
+            from inference.engine.structured_mask import GrammarMasker
+
+            self.masker = GrammarMasker(self.eos_token_id)
+        return self.masker
+
     def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         pen_rows = [i for i, s in enumerate(seqs) if s.sampling.has_penalties]
         if pen_rows:
@@ -120,7 +132,9 @@ class Sampler:
             if sp.logit_bias:
                 ids = _to_device(torch.tensor(list(sp.logit_bias.keys())), dev)
                 logits[i, ids] += _to_device(torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype), dev)
-            if s.num_output_tokens + s.pending < sp.min_tokens:  # pending: sampled, not yet appended
+            # pending: sampled, not yet appended. A grammar decides alone where its output ends (EOS banned
+            # where it is the only token the grammar allows would leave nothing to sample).
+            if s.num_output_tokens + s.pending < sp.min_tokens and getattr(s, "grammar", None) is None:
                 banned = list(sp.stop_token_ids)
                 if self.eos_token_id is not None and not sp.ignore_eos:
                     banned.append(self.eos_token_id)

@@ -10,6 +10,10 @@ engine's names are the completions API's ("prompt", "max_tokens", "top_p",
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inference.engine.structured_spec import StructuredOutput
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
@@ -56,6 +60,8 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None  # None: off; 0: chosen token only; k: plus the top k
     skip_special_tokens: bool = True
+    # a grammar every sampled token obeys (inference.engine.structured_spec; wire form: its to_dict())
+    structured_output: StructuredOutput | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> "SamplingParams":
@@ -72,6 +78,10 @@ class SamplingParams:
             params.stop = []
         if params.stop_token_ids is None:
             params.stop_token_ids = []
+        if params.structured_output is not None:
+            from inference.engine.structured_spec import StructuredOutput
+
+            params.structured_output = StructuredOutput.from_dict(params.structured_output)
         if params.logit_bias:
             try:
                 params.logit_bias = {int(k): v for k, v in params.logit_bias.items()}
@@ -85,6 +95,8 @@ class SamplingParams:
         out["stop_token_ids"] = list(self.stop_token_ids)
         if self.logit_bias is not None:
             out["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
+        if self.structured_output is not None:
+            out["structured_output"] = self.structured_output.to_dict()
         return out
 
     @property
@@ -148,4 +160,8 @@ class SamplingParams:
             fail(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs!r}", "top_logprobs")
         if not isinstance(self.ignore_eos, bool) or not isinstance(self.skip_special_tokens, bool):
             fail("ignore_eos and skip_special_tokens must be booleans", "ignore_eos")
+        if self.structured_output is not None:
+            from inference.engine.structured_spec import StructuredOutput
+
+            self.structured_output = StructuredOutput.from_dict(self.structured_output).validate()
         return self

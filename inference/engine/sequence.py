@@ -28,7 +28,7 @@ class Sequence:
         "arrival_time", "cache_salt", "status", "num_computed_tokens", "block_table", "block_hashes",
         "num_registered_blocks", "cached_tokens", "admitted", "num_preemptions", "first_scheduled_time", "first_token_time",
         "finish_time", "finish_reason", "stop_reason", "generator", "max_tokens", "detok", "stopper",
-        "counts", "order", "table_array", "table_array_of", "pending", "pending_row",
+        "counts", "order", "table_array", "table_array_of", "pending", "pending_row", "grammar",
     )
 
     def __init__(
@@ -70,6 +70,7 @@ class Sequence:
         self.detok = None  # IncrementalDetokenizer
         self.stopper = None  # StopChecker
         self.counts = None  # sampler's per-sequence penalty state
+        self.grammar = None  # structured output: its matcher (inference.engine.structured.GrammarState)
         self.order = 0  # insertion number, breaks ties between equal arrival times
         # async scheduling: tokens sampled on the device by launched steps and not yet appended (0-2), and
         # the row of the latest one in its step's sampled tokens (where the next step's input comes from)

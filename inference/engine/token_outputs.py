@@ -1,6 +1,7 @@
 """A sampled token, handled in two halves, and a request ended by its own failure.
 
-`take`: append the token and decide stop tokens and length limits (what the next schedule needs);
+`take`: append the token, advance its grammar's matcher (structured outputs: a complete grammar ends
+the request, "stop") and decide stop tokens and length limits (what the next schedule needs);
 `emit`: its text delta, stop strings and RequestOutput. A synchronous step runs both; with
 async_output the second half of a step's tokens runs during the next step. A sequence whose own
 handling raises ends alone, with "error" (`fail`).
@@ -44,6 +45,8 @@ class TokenOutputs:
         if stop is not None:
             reason, seq.stop_reason = stop
             self.scheduler.finish(seq, reason)
+        elif seq.grammar is not None and seq.grammar.accept(token):  # the grammar is complete (raises if refused)
+            self.scheduler.finish(seq, "stop")
         elif stopper.check_length(n_out, len(seq.token_ids)):
             self.scheduler.finish(seq, "length")
         return seq, token, lp, n_out, stop is not None

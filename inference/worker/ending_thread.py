@@ -48,8 +48,23 @@ def output_ending(*, active: ActiveRequest, output: Any, now: float, worker_id: 
         queued_s=max(0.0, active.leased_at - job.enqueued_at) + engine_queued,
         ttft_s=active.ttft_s, engine_timing=timing, now=now,
         error=getattr(output, "error", None),  # why, when the request failed alone inside the engine
-        seq=active.next_seq,
+        error_param=_error_param(job, output), seq=active.next_seq,
     )
+
+
+def _error_param(job, output: Any) -> str | None:
+    """The client's parameter a request that failed alone inside the engine failed for, if any: the web answers
+    400 for it rather than 500: `response_format` (or `tools`), whose grammar the engine could not build (an
+    invalid schema the web's check let through, a tokenizer llguidance cannot read, the compile's time bound;
+    inference.engine.structured.StructuredGate, whose messages name the parameter). An engine output that
+    carries its own `error_param` wins."""
+    param = getattr(output, "error_param", None)
+    if param is not None or output.finish_reason != "error":
+        return param
+    error = getattr(output, "error", None) or ""
+    if job.sampling.get("structured_output") is None:
+        return None
+    return next((param for param in ("response_format", "tools") if param in error), None)
 
 
 class Finisher:

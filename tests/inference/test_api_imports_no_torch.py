@@ -38,7 +38,7 @@ for name in modules:
 loaded = {"import": sorted(m for m in HEAVY if m in sys.modules)}
 
 # what a request does with the engine's modules: resolve the model, tokenize with its chat template,
-# validate its sampling parameters
+# validate its sampling parameters and its response_format
 from django.conf import settings
 
 from inference.engine.sampling_params import SamplingParams
@@ -48,6 +48,10 @@ tokenizer = load_tokenizer(settings.DEFAULT_MODEL)
 assert tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
 params = SamplingParams(max_tokens=8, temperature=0.5, top_p=0.9)
 params.validate(vocab_size=tokenizer.vocab_size)
+# a response_format's schema checked the way the web checks it (inference.api.response_format: llguidance)
+from inference.engine.structured_spec import StructuredOutput, check
+
+check(StructuredOutput("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}}}, True))
 loaded["request"] = sorted(m for m in HEAVY if m in sys.modules)
 print(json.dumps(loaded))
 """

@@ -117,7 +117,7 @@ CHAT_BAD = [
     (chat(user=5), "user"),
     (chat(user="u" * 600), "user"),
     (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-    (chat(response_format={"type": "json_object"}), "response_format.type"),
+    (chat(response_format={"type": "yaml"}), "response_format.type"),
     (chat(response_format="json"), "response_format"),
     (chat(modalities=["text", "audio"]), "modalities"),
     (chat(max_tokens=5, min_tokens=10), "min_tokens"),
