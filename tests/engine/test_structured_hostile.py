@@ -17,6 +17,10 @@ from inference.engine.structured_spec import MAX_SCHEMA_DEPTH, StructuredOutput,
 from tests.engine.structured_schemas import TYPICAL
 
 
+# A hang guard, not a speed check (those are benchmarks/grammar_compile.py's): a bounded compile takes
+# milliseconds to about a second on a quiet machine; a shared CI machine may be many times slower.
+HANG_S = 30.0
+
 def _deep(levels: int) -> dict:
     schema = {"type": "integer"}
     for _ in range(levels):
@@ -28,11 +32,11 @@ def _obj(prop: dict) -> dict:
     return {"type": "object", "properties": {"v": prop}, "required": ["v"], "additionalProperties": False}
 
 
-def _refused(schema, match: str, strict: bool = True, limit_s: float = 3.0) -> EngineValidationError:
+def _refused(schema, match: str, strict: bool = True) -> EngineValidationError:
     started = time.perf_counter()
     with pytest.raises(EngineValidationError, match=match) as caught:
         check(StructuredOutput("json_schema", schema, strict))
-    assert time.perf_counter() - started < limit_s
+    assert time.perf_counter() - started < HANG_S
     assert caught.value.param == "response_format"
     return caught.value
 
@@ -43,7 +47,7 @@ def test_deep_nesting_is_refused_before_any_compile(levels):
     started = time.perf_counter()
     with pytest.raises(EngineValidationError, match="nested too deeply"):
         params.validate()
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < HANG_S
 
 
 def test_a_huge_schema_is_refused_by_its_size():
@@ -53,7 +57,7 @@ def test_a_huge_schema_is_refused_by_its_size():
         started = time.perf_counter()
         with pytest.raises(EngineValidationError, match="too large"):
             StructuredOutput("json_schema", schema).validate()
-        assert time.perf_counter() - started < 1.0
+        assert time.perf_counter() - started < HANG_S
 
 
 def test_moderate_nesting_and_recursion_compile():
@@ -63,7 +67,7 @@ def test_moderate_nesting_and_recursion_compile():
                     "$ref": "#/$defs/N"}):
         started = time.perf_counter()
         assert check(StructuredOutput("json_schema", schema, True))
-        assert time.perf_counter() - started < 1.0
+        assert time.perf_counter() - started < HANG_S
 
 
 @pytest.mark.parametrize("pattern", ["^(a+)+$", "^(a|aa)*c$", "^(a{1,100}){1,100}b{1,1000}$",
@@ -71,7 +75,7 @@ def test_moderate_nesting_and_recursion_compile():
 def test_pathological_regexes_compile_within_the_bound(pattern):
     started = time.perf_counter()
     assert check(StructuredOutput("json_schema", _obj({"type": "string", "pattern": pattern}), True))
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < HANG_S
 
 
 @pytest.mark.parametrize("pattern, match", [("^(?=a)a$", "look-around"), ("^(a)\\1$", "backreferences"),
@@ -107,7 +111,7 @@ def test_a_grammar_with_no_document_ends_its_request_and_is_refused_at_once_afte
     started = time.perf_counter()
     while engine.has_unfinished():
         outs += engine.step()
-    assert time.perf_counter() - started < 3.0
+    assert time.perf_counter() - started < HANG_S
     assert [o.finish_reason for o in outs] == ["error"] and "no JSON document" in outs[0].error
     with pytest.raises(EngineValidationError, match="no JSON document"):  # the failure is cached
         engine.add_request("r2", prompt, SamplingParams(max_tokens=4, structured_output=endless))
@@ -118,10 +122,9 @@ def test_pathological_patterns_generate_within_the_bound(make_engine, tokenizer)
     prompt = tokenizer.encode_chat([{"role": "user", "content": "Write the letter a ten times."}])
     specs = [StructuredOutput("json_schema", _obj({"type": "string", "pattern": p}), True)
              for p in ("^(a+)+$", "^(a|aa)*c$", "^(a{1,100}){1,100}b{1,1000}$")]
-    started = time.perf_counter()
+    # (their masks' cost, 0.05-0.9 ms a step on this machine, is a benchmark's: benchmarks/grammar_compile.py)
     outs = engine.generate([prompt] * 3, [SamplingParams(temperature=0.0, max_tokens=24, structured_output=s)
                                           for s in specs])
-    assert time.perf_counter() - started < 10.0
     for out in outs:
         assert out.finish_reason in ("stop", "length") and out.delta_text.startswith('{"v": "')
 

@@ -14,6 +14,10 @@ import pytest
 from inference.engine import EngineValidationError, SamplingParams
 from inference.engine.structured_spec import MAX_TOOL_CALLS, StructuredOutput, check, tool_calls_lark
 
+# A hang guard, not a speed check (those are benchmarks/grammar_compile.py's): a bounded compile takes
+# milliseconds to about a second on a quiet machine; a shared CI machine may be many times slower.
+HANG_S = 30.0
+
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
            "properties": {"city": {"type": "string", "maxLength": 24},
                           "unit": {"enum": ["celsius", "fahrenheit"]}}}
@@ -111,7 +115,7 @@ def test_bad_tool_specs_are_refused_naming_tools(schema, match):
     started = time.perf_counter()
     with pytest.raises(EngineValidationError, match=match) as caught:
         check(StructuredOutput("tool_calls", schema))
-    assert caught.value.param == "tools" and time.perf_counter() - started < 3.0
+    assert caught.value.param == "tools" and time.perf_counter() - started < HANG_S
 
 
 def test_a_function_without_strict_is_best_effort():
@@ -132,7 +136,7 @@ def test_hostile_text_inside_a_schema_stays_inside_its_json(matcher_for):
         deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
     many = [{"name": f"f{i}", "parameters": deep, "strict": True} for i in range(128)]
     assert check(StructuredOutput("tool_calls", {"functions": many, "max_calls": 8}))
-    assert time.perf_counter() - started < 3.0
+    assert time.perf_counter() - started < HANG_S
 
 
 # ---- the real model

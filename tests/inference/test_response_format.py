@@ -27,6 +27,10 @@ from inference.engine.structured_spec import MAX_SCHEMA_DEPTH, StructuredOutput
 from inference.protocol import Done, Usage
 from inference.queue.job import Job
 
+# A hang guard, not a speed check (those are benchmarks/grammar_compile.py's): a bounded compile takes
+# milliseconds to about a second on a quiet machine; a shared CI machine may be many times slower.
+HANG_S = 30.0
+
 MODEL = "smollm2-135m-instruct"
 MSG = [{"role": "user", "content": "Hello"}]
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
@@ -105,10 +109,10 @@ def test_bad_shapes_name_their_param(parse, response_format, param, code):
     assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error"), error
 
 
-def test_tools_and_functions_are_still_refused():
-    for name in ("tools", "functions"):
+def test_legacy_functions_are_still_refused():
+    for name, value in (("functions", [{"name": "f"}]), ("function_call", {"name": "f"})):
         with pytest.raises(InvalidRequest) as caught:
-            chat_request_parse(body={**chat({"type": "json_object"}), name: [{"type": "function"}]})
+            chat_request_parse(body={**chat({"type": "json_object"}), name: value})
         assert caught.value.body()["error"]["param"] == name
 
 
@@ -341,6 +345,6 @@ def test_hostile_schemas_are_400s_or_pass_and_bounded():
             asyncio.run(aresponse_format_check(spec=request.response_format))
         except InvalidRequest as exc:
             assert exc.status_code == 400 and exc.body()["error"]["param"].startswith("response_format")
-        assert time.perf_counter() - started < 5
+        assert time.perf_counter() - started < HANG_S
 
     run()
