@@ -14,7 +14,7 @@ from django.utils.html import format_html
 
 from billing.models import Adjustment, Invoice, InvoiceLine, Price, UsageRecord
 from billing.models.prices import PRICE_FIELDS
-from billing.money import price_check, usd_str
+from billing.money import DEFAULT_BATCH_DISCOUNT_PERCENT, price_check, usd_str
 from billing.services.adjustments import adjustment_create
 from billing.services.price_cache import price_rows
 from billing.services.prices import price_create, price_retire, price_start_check
@@ -36,13 +36,21 @@ class AddOnlyAdmin(admin.ModelAdmin):
 
 
 class PriceForm(forms.ModelForm):
+    batch_discount_percent = forms.IntegerField(
+        min_value=0, max_value=100, required=False, initial=DEFAULT_BATCH_DISCOUNT_PERCENT,
+        label="Batch discount (%)",
+        help_text=f"Batch API lines pay every kind of token this whole percent less (default "
+                  f"{DEFAULT_BATCH_DISCOUNT_PERCENT})")
+
     class Meta:
         model = Price
-        fields = ("model", "input_per_million", "cached_input_per_million", "output_per_million", "effective_from",
-                  "note")
+        fields = ("model", "input_per_million", "cached_input_per_million", "output_per_million",
+                  "batch_discount_percent", "effective_from", "note")
 
     def clean(self):
         data = super().clean()
+        if data.get("batch_discount_percent") is None and "batch_discount_percent" not in self.errors:
+            data["batch_discount_percent"] = DEFAULT_BATCH_DISCOUNT_PERCENT
         if data.get("model") and data.get("effective_from"):
             price_start_check(model=data["model"], effective_from=data["effective_from"])
         return data
@@ -70,8 +78,8 @@ class PriceAdmin(AddOnlyAdmin):
     price loader skips (billing.services.price_cache) is listed, marked, and can be retired."""
 
     form = PriceForm
-    list_display = ("model", "effective_from", "input_text", "cached_input_text", "output_text", "state",
-                    "created_by", "created_at", "note")
+    list_display = ("model", "effective_from", "input_text", "cached_input_text", "output_text",
+                    "batch_discount_percent", "state", "created_by", "created_at", "note")
     list_filter = ("model",)
     readonly_fields = ()
     ordering = ("model", "-effective_from")
@@ -88,8 +96,8 @@ class PriceAdmin(AddOnlyAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:
             return super().get_fields(request, obj)
-        return ["model", "input_text", "cached_input_text", "output_text", "effective_from", "state", "created_by",
-                "created_at", "note", "retired_at", "retired_by"]
+        return ["model", "input_text", "cached_input_text", "output_text", "batch_discount_percent", "effective_from",
+                "state", "created_by", "created_at", "note", "retired_at", "retired_by"]
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
@@ -108,7 +116,7 @@ class PriceAdmin(AddOnlyAdmin):
         return "in use"
 
     def changelist_view(self, request, extra_context=None):
-        for pk, model, _start, terms, reason in price_rows():
+        for pk, model, _start, terms, reason, _discount in price_rows():
             if terms is None:
                 messages.error(request, f"Price #{pk} of {model} cannot be used ({reason}). It is skipped, and "
                                         f"{model} is not served while it is the version in force: retire it "
@@ -134,6 +142,7 @@ class PriceAdmin(AddOnlyAdmin):
         created = price_create(
             model=obj.model, input_per_million=obj.input_per_million,
             cached_input_per_million=obj.cached_input_per_million, output_per_million=obj.output_per_million,
+            batch_discount_percent=obj.batch_discount_percent,
             effective_from=obj.effective_from, created_by=request.user, note=obj.note,
         )
         obj.pk, obj._state.adding = created.pk, False
@@ -169,10 +178,11 @@ class UsageRecordAdmin(admin.ModelAdmin):
 
     list_display = (
         "request_id", "tenant", "api_key", "model", "tier", "endpoint", "prompt_tokens", "cached_tokens",
-        "completion_tokens", "finish_reason", "cost_usd", "price", "queued_s", "ttft_s", "duration_s", "created_at",
+        "completion_tokens", "finish_reason", "cost_usd", "price", "batch_id", "queued_s", "ttft_s", "duration_s",
+        "created_at",
     )
     list_filter = ("finish_reason", "endpoint", "tier", "model", "created_at")
-    search_fields = ("request_id", "tenant__slug", "api_key__prefix", "worker_id")
+    search_fields = ("request_id", "tenant__slug", "api_key__prefix", "worker_id", "batch_id")
     list_select_related = ("tenant", "api_key", "price")
     date_hierarchy = "created_at"
     show_full_result_count = False

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -33,7 +33,7 @@ UTC = dt_timezone.utc
 # OpenAI's limits on buckets per page: (default, maximum)
 USAGE_LIMITS = {"1d": (7, 31), "1h": (24, 168), "1m": (60, 1440)}
 COSTS_LIMITS = (7, 180)
-USAGE_GROUPS = ("model", "api_key_id", "service_tier")
+USAGE_GROUPS = ("model", "api_key_id", "service_tier", "batch")
 MAX_SECONDS = 2**37
 
 
@@ -91,6 +91,17 @@ def _window(request, width: str, limits: tuple[int, int]) -> tuple[datetime, dat
     return start, last, (last if last < end else None)
 
 
+def _batch_param(request) -> bool | None:
+    """`batch=true|false` (OpenAI's usage API): only Batch API lines, or only live requests; absent: both."""
+    raw = request.query_params.get("batch")
+    if raw in (None, ""):
+        return None
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise InvalidRequest(f"batch must be true or false, not {raw!r}.", param="batch")
+    return value == "true"
+
+
 def _key_ids(request) -> tuple[int, ...] | None:
     """The row ids of the caller's keys named (by public id) in api_key_ids; None when none was named.
 
@@ -134,6 +145,8 @@ _USAGE_PARAMETERS = [
     csv_list("group_by", "Group results by these fields.", {"enum": list(USAGE_GROUPS)}),
     csv_list("models", "Only these models."),
     csv_list("api_key_ids", "Only these API keys (public ids)."),
+    OpenApiParameter("batch", {"type": "boolean"},
+                     description="Only Batch API lines (true) or only live requests (false); default both."),
 ]
 _COSTS_PARAMETERS = [
     *window_parameters(widths=("1d",), limits=COSTS_LIMITS, max_seconds=MAX_SECONDS),
@@ -156,7 +169,8 @@ class UsageCompletionsApi(APIView):
             raise InvalidRequest(f"group_by supports {', '.join(USAGE_GROUPS)}; not {unknown[0]!r}.", param="group_by")
         start, end, next_start = _window(request, width, USAGE_LIMITS[width])
         query = Query(tenant=request.auth.tenant, start=start, end=end, width=width, group_by=group_by,
-                      models=tuple(_list_param(request, "models")), api_key_ids=_key_ids(request) or ())
+                      models=tuple(_list_param(request, "models")), api_key_ids=_key_ids(request) or (),
+                      batch=_batch_param(request))
         sums = usage_sums(query)
         public_ids = _public_key_ids(sums, group_by)
         data = []
@@ -173,7 +187,8 @@ class UsageCompletionsApi(APIView):
                     "num_model_requests": figures["requests"],
                     "project_id": None, "user_id": None,
                     "api_key_id": public_ids.get(group.get("api_key_id")), "model": group.get("model"),
-                    "service_tier": group.get("service_tier"), "batch": None,
+                    "service_tier": group.get("service_tier"),
+                    "batch": bool(group["batch"]) if "batch" in group else None,
                 })
             data.append({"object": "bucket", "start_time": int(bucket_start.timestamp()),
                          "end_time": int(bucket_end.timestamp()), "results": results})
@@ -204,15 +219,16 @@ class CostsApi(APIView):
             raise InvalidRequest("group_by supports line_item.", param="group_by")
         start, end, next_start = _window(request, width, COSTS_LIMITS)
         query = Query(tenant=request.auth.tenant, start=start, end=end, width=width,
-                      group_by=("model",) if group_by else ())
+                      group_by=("model", "batch") if group_by else ())
         sums = usage_sums(query)
         data = []
         for bucket_start, bucket_end in _buckets(start, end, width):
             results = []
             for key, figures in sorted(sums.get(bucket_start, {}).items(), key=lambda item: str(item[0])):
                 if group_by:
+                    batch = "batch " if key[1] else ""  # Batch API lines: their own line items
                     results += [{"object": "organization.costs.result", "amount": _amount(figures[field]),
-                                 "line_item": f"{key[0]}, {kind}", "project_id": None}
+                                 "line_item": f"{key[0]}, {batch}{kind}", "project_id": None}
                                 for kind, field in _COST_KINDS]
                 else:
                     results.append({"object": "organization.costs.result", "amount": _amount(figures["cost_femtos"]),
@@ -233,7 +249,7 @@ def invoice_payload(invoice: Invoice, *, lines: bool) -> dict:
     }
     if lines:
         body["lines"] = [{
-            "kind": line.kind, "model": line.model or None, "price_id": line.price_id,
+            "kind": line.kind, "model": line.model or None, "batch": line.batch, "price_id": line.price_id,
             "adjustment_id": line.adjustment_id,
             "price_multiplier": str(line.price_multiplier), "description": line.description,
             "quantity": line.quantity, "unit_price_per_million": line.unit_price_per_million or None,

@@ -14,6 +14,9 @@ helpers (months, local days and midnights, UTC hour and day floors) are billing.
 - The clamp: cached tokens count within the prompt (0 <= cached <= prompt). `cached_clamp` (billing.money:
   the cost rule uses it too) is applied when a record is written, so the stored columns hold it, and
   UNCACHED_INPUT is the prompt less its cached tokens.
+- Batch: a Batch API line's record names its batch (`batch_id`) and was priced at its version's batch price
+  (billing.money.batch_terms). BATCH selects those records, IS_BATCH is the same rule as a value to group by
+  (the rollups' `batch` column, the usage API's `batch` filter and group-by, the invoices' batch lines).
 - The sums: SUMS, one per figure (requests, tokens by kind, femto-dollar costs by kind: exact whatever
   the total, billing.models.femtos), the same over records, hourly and daily rollups (`figure_sum`).
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import BigIntegerField, Count, F, Q, Sum
+from django.db.models import BigIntegerField, BooleanField, Count, ExpressionWrapper, F, Q, Sum
 from django.db.models.functions import Cast
 
 from billing.counters.base import QUOTA, SPEND
@@ -33,14 +36,21 @@ from billing.money import cached_clamp
 from billing.services.costs import is_charged
 from tenants.services.limits import LimitScope
 
-__all__ = ["BILLED", "CHARGED", "FIGURES", "MONEY", "ROLLUP", "SUMS", "UNCACHED_INPUT", "cached_clamp",
-           "figure_sum", "is_charged", "ledger_totals", "rolled_up_until"]
+__all__ = ["BATCH", "BILLED", "CHARGED", "IS_BATCH", "FIGURES", "MONEY", "ROLLUP", "SUMS", "UNCACHED_INPUT", "cached_clamp",
+           "batch_filter", "figure_sum", "is_charged", "ledger_totals", "rolled_up_until"]
 
 ROLLUP = "hourly_usage"  # the hourly rollup's FillState name (billing.services.rollups)
 
 CHARGED = ~(Q(finish_reason=UsageRecord.FinishReason.ERROR) & Q(completion_tokens__lte=0))  # is_charged, in SQL
 BILLED = CHARGED & ~Q(cost_femtos=0)  # (a cost is never negative)
 UNCACHED_INPUT = F("prompt_tokens") - F("cached_tokens")
+BATCH = ~Q(batch_id="")  # a Batch API line's record
+IS_BATCH = ExpressionWrapper(BATCH, output_field=BooleanField())  # BATCH as a value (annotate, then group by)
+
+
+def batch_filter(batch: bool) -> Q:
+    """The records of batch lines (True) or of live requests (False)."""
+    return BATCH if batch else ~BATCH
 
 SUMS = {
     "requests": Count("id"),

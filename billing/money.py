@@ -7,6 +7,17 @@ decimal places (thousandths). Their product, tokens x pico-dollars x
 thousandths, is therefore an exact integer of femto-dollars: no request's cost
 is ever rounded. Rounding happens once, on an invoice line (`cents_round`).
 
+Batch prices (the Batch API, `/v1/batches`): a price version carries a batch
+discount, an integer percent (0 to 100, default 50 as OpenAI's). A batch
+line is priced at the version's batch price, `batch_terms`: each kind's
+pico-dollars per token (input, cached input, output: the discount applies
+to all three, and so composes with the cache-hit price) times (100 - the
+percent) / 100, rounded once, half to even, to a whole pico-dollar per
+token, i.e. the batch price per 1M tokens at the price's 6 decimal places
+(exact whenever that price has them, as 50% of any price with an even last
+digit does). The line's cost is then the same exact product as a live
+request's, with the batch price in place of the list price.
+
 Where each amount lives, and its ceiling:
 
 - Stored amounts (a usage record's costs, the hourly and daily rollups, an
@@ -51,6 +62,7 @@ CENT = Decimal("0.01")
 PRICE_PLACES = 6  # USD per million tokens
 MULTIPLIER_PLACES = 3
 MAX_PRICE_PER_MILLION = Decimal(10_000)  # USD per 1M tokens: see the module docstring
+DEFAULT_BATCH_DISCOUNT_PERCENT = 50  # the Batch API's discount on every kind of token (OpenAI's: half price)
 
 
 def price_check(value) -> Decimal:
@@ -68,6 +80,44 @@ def price_check(value) -> Decimal:
     if price != price.quantize(Decimal(1).scaleb(-PRICE_PLACES)):
         raise ValueError(f"a price has at most {PRICE_PLACES} decimal places, not {value}")
     return price
+
+
+def batch_discount_check(value) -> int:
+    """A batch discount as set by an operator: a whole percent from 0 to 100; ValueError (its message for the
+    operator) otherwise."""
+    text = str(value).strip().removesuffix("%")
+    try:
+        percent = Decimal(text)
+    except (ArithmeticError, ValueError):
+        raise ValueError(f"a batch discount is a whole percent from 0 to 100, not {value!r}") from None
+    if not percent.is_finite() or percent != percent.to_integral_value() or not 0 <= percent <= 100:
+        raise ValueError(f"a batch discount is a whole percent from 0 to 100, not {value!r}")
+    return int(percent)
+
+
+def _discounted(picos: int, percent: int) -> int:
+    """picos x (100 - percent) / 100, rounded half to even to a whole pico-dollar (exact integers)."""
+    whole, rest = divmod(picos * (100 - percent), 100)
+    if rest * 2 > 100 or (rest * 2 == 100 and whole % 2):
+        whole += 1
+    return whole
+
+
+def batch_terms(terms: PriceTerms, percent: int) -> PriceTerms:
+    """The batch price of a version: every kind of token `percent` off, half to even to a whole pico-dollar per
+    token (see the module docstring). The price id stays the version's (the record's `batch_id` says which)."""
+    percent = batch_discount_check(percent)
+    return PriceTerms(
+        price_id=terms.price_id,
+        input_picos=_discounted(terms.input_picos, percent),
+        cached_input_picos=_discounted(terms.cached_input_picos, percent),
+        output_picos=_discounted(terms.output_picos, percent),
+    )
+
+
+def batch_per_million(price: Decimal, percent: int) -> Decimal:
+    """A list price (USD per 1M tokens) as its batch price: the same rule as `batch_terms`, at 6 places."""
+    return Decimal(_discounted(per_million_to_picos(price), batch_discount_check(percent))).scaleb(-PRICE_PLACES)
 
 
 def per_million_to_picos(price: Decimal) -> int:

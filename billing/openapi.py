@@ -40,7 +40,9 @@ COMPONENTS = {
             "object": {"const": "organization.usage.completions.result"},
             "input_tokens": _COUNT, "input_cached_tokens": _COUNT, "output_tokens": _COUNT,
             "input_audio_tokens": _COUNT, "output_audio_tokens": _COUNT, "num_model_requests": _COUNT,
-            "project_id": _NULL, "user_id": _NULL, "batch": _NULL,
+            "project_id": _NULL, "user_id": _NULL,
+            "batch": {"type": ["boolean", "null"], "description": "With group_by=batch: Batch API lines (true) "
+                                                                  "or live requests (false)"},
             "api_key_id": _STRING_OR_NULL, "model": _STRING_OR_NULL, "service_tier": _STRING_OR_NULL,
         },
     },

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from django.db.models import F
 from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 
-from billing.ledger import FIGURES, SUMS, figure_sum, rolled_up_until
+from billing.ledger import FIGURES, IS_BATCH, SUMS, batch_filter, figure_sum, rolled_up_until
 from billing.models import DailyUsage, HourlyUsage, UsageRecord
 from billing.periods import UTC, day_floor, hour_floor
 from tenants.models import Tenant
@@ -28,7 +28,8 @@ WIDTHS = {"1m": timedelta(minutes=1), "1h": timedelta(hours=1), "1d": timedelta(
 _TRUNC = {"1m": TruncMinute, "1h": TruncHour, "1d": TruncDay}
 # group_by name -> (rollup field, record field)
 DIMENSIONS = {"model": ("model", "model"), "api_key_id": ("api_key_id", "api_key_id"),
-              "service_tier": ("tier", "tier"), "tenant_id": ("tenant_id", "tenant_id")}
+              "service_tier": ("tier", "tier"), "tenant_id": ("tenant_id", "tenant_id"),
+              "batch": ("batch", "batch")}  # a record's `batch` is billing.ledger.IS_BATCH, annotated
 
 
 def bucket_floor(instant: datetime, width: str) -> datetime:
@@ -47,9 +48,12 @@ class Query:
     models: tuple[str, ...] = ()
     api_key_ids: tuple[int, ...] = ()
     figures: tuple[str, ...] = FIGURES  # which of the ledger's sums
+    batch: bool | None = None  # only Batch API lines (True), only live requests (False), or both (None)
 
 
-def _filtered(queryset, query: Query, fields: dict[str, str]):
+def _filtered(queryset, query: Query, fields: dict[str, str], records: bool = False):
+    if query.batch is not None:
+        queryset = queryset.filter(batch_filter(query.batch)) if records else queryset.filter(batch=query.batch)
     if query.tenant is not None:
         queryset = queryset.filter(tenant=query.tenant)
     if query.models:
@@ -90,7 +94,10 @@ def usage_sums(query: Query) -> dict[datetime, dict[tuple, dict[str, int]]]:
             _add(out, *_rollup_rows(HourlyUsage, "hour", hours_from, split, query, trunc), query)
     if split < query.end:
         fields = {name: pair[1] for name, pair in DIMENSIONS.items()}
-        rows = (_filtered(UsageRecord.objects.filter(created_at__gte=split, created_at__lt=query.end), query, fields)
+        records = UsageRecord.objects.filter(created_at__gte=split, created_at__lt=query.end)
+        if "batch" in query.group_by:
+            records = records.annotate(batch=IS_BATCH)
+        rows = (_filtered(records, query, fields, records=True)
                 .annotate(bucket=_TRUNC[query.width]("created_at", tzinfo=UTC)).order_by()
                 .values("bucket", *(fields[g] for g in query.group_by))
                 .annotate(**{name: SUMS[name] for name in query.figures}))

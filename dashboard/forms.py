@@ -16,6 +16,8 @@ from tenants.models import ApiKey
 SCOPE_CHOICES = [(scope, scope) for scope in ApiKey.ALL_SCOPES]
 ALL_MODELS = "All models"
 MODEL_NAME_MAX = 100  # billing.models.UsageRecord.model's length: a longer name was never used
+BATCH_CHOICES = [("", "live and batch"), ("false", "live only"), ("true", "Batch API only")]  # the usage API's
+BATCH_FILTER = {"": None, "false": False, "true": True}  # batch=true|false, as its cleaned value
 EARLIEST_DAY = date(2000, 1, 1)  # the usage filter's bounds: far dates would overflow the zone arithmetic (a 500)
 
 
@@ -31,6 +33,7 @@ class UsageFilterForm(forms.Form):
     # (The length as a validator: a max_length would write a maxlength attribute onto the <select>.)
     model = forms.CharField(required=False, widget=forms.Select, validators=[MaxLengthValidator(MODEL_NAME_MAX)])
     key = forms.ChoiceField(required=False, label="API key")
+    batch = forms.ChoiceField(required=False, label="Requests", choices=BATCH_CHOICES)
 
     def __init__(self, *args, models: list[str], models_in: Callable[[date, date], list[str]], keys: list[ApiKey],
                  today, **kwargs):

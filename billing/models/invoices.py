@@ -101,6 +101,8 @@ class InvoiceLine(models.Model):
     position = models.PositiveIntegerField(default=0)
     kind = models.CharField(max_length=12, choices=Kind.choices)
     model = models.CharField(max_length=100, blank=True, default="")
+    batch = models.BooleanField(default=False, db_default=False,
+                                help_text="Batch API lines' usage, at the version's batch price")
     price = models.ForeignKey(Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     adjustment = models.ForeignKey(Adjustment, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     price_multiplier = models.DecimalField(max_digits=6, decimal_places=3, default=1)

@@ -1,11 +1,24 @@
 """Versioned prices: one row per served model and `effective_from`, never edited in place, retired not deleted."""
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator
 from django.db import models
 from django.utils import timezone
 
-from billing.money import MAX_PRICE_PER_MILLION, PRICE_PLACES, PriceTerms, per_million_to_picos, price_check
+from billing.money import (
+    DEFAULT_BATCH_DISCOUNT_PERCENT,
+    MAX_PRICE_PER_MILLION,
+    PRICE_PLACES,
+    PriceTerms,
+    batch_discount_check,
+    batch_per_million,
+    batch_terms,
+    per_million_to_picos,
+    price_check,
+)
 
 PRICE_FIELDS = ("input_per_million", "cached_input_per_million", "output_per_million")
 
@@ -32,6 +45,12 @@ class Price(models.Model):
     input_per_million = _price_field("uncached input")
     cached_input_per_million = _price_field("cached input (prefix-cache hits)")
     output_per_million = _price_field("output")
+    batch_discount_percent = models.PositiveSmallIntegerField(
+        default=DEFAULT_BATCH_DISCOUNT_PERCENT, db_default=DEFAULT_BATCH_DISCOUNT_PERCENT,
+        validators=[MaxValueValidator(100)],
+        help_text="Batch API lines (/v1/batches) pay every kind of token this whole percent less "
+                  "(0 to 100; billing.money.batch_terms)",
+    )
     effective_from = models.DateTimeField()
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(
@@ -62,6 +81,11 @@ class Price(models.Model):
                 setattr(self, name, price_check(getattr(self, name)))
             except ValueError as exc:
                 errors[name] = str(exc)
+        if self.batch_discount_percent is not None:
+            try:
+                self.batch_discount_percent = batch_discount_check(self.batch_discount_percent)
+            except ValueError as exc:
+                errors["batch_discount_percent"] = str(exc)
         if errors:
             raise ValidationError(errors)
 
@@ -79,3 +103,12 @@ class Price(models.Model):
             cached_input_picos=per_million_to_picos(self.cached_input_per_million),
             output_picos=per_million_to_picos(self.output_per_million),
         )
+
+    @property
+    def batch_price_terms(self) -> PriceTerms:
+        """The version's batch price (billing.money.batch_terms)."""
+        return batch_terms(self.terms, self.batch_discount_percent)
+
+    def batch_price_per_million(self, column: str) -> Decimal:
+        """One of PRICE_FIELDS at the batch price, USD per 1M tokens."""
+        return batch_per_million(getattr(self, column), self.batch_discount_percent)

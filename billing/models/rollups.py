@@ -13,12 +13,14 @@ from tenants.models import ApiKey, Tenant
 
 
 class UsageFigures(models.Model):
-    """One tenant, API key, model and tier in one UTC bucket: counts and cost (femto-USD)."""
+    """One tenant, API key, model, tier and kind (live or batch) in one UTC bucket: counts and cost (femto-USD)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     model = models.CharField(max_length=100)
     tier = models.CharField(max_length=40)
+    batch = models.BooleanField(default=False, db_default=False,
+                                help_text="Batch API lines (billing.ledger.BATCH), else live requests")
     requests = models.BigIntegerField(default=0)
     input_tokens = models.BigIntegerField(default=0, help_text="Uncached prompt tokens")
     cached_input_tokens = models.BigIntegerField(default=0)

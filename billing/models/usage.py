@@ -43,6 +43,11 @@ class UsageRecord(models.Model):
     ttft_s = models.FloatField(null=True, blank=True)
     duration_s = models.FloatField(default=0)
     worker_id = models.CharField(max_length=100, blank=True, default="")
+    batch_id = models.CharField(
+        max_length=40, blank=True, default="", db_default="",  # db_default: a writer from before it still inserts
+        help_text="The batch (/v1/batches public id) this request was a line of, priced at the batch price; "
+                  "empty for a live request",
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     # When the request was admitted (its job's enqueued_at): picks the price version.
     admitted_at = models.DateTimeField(null=True, blank=True)
@@ -67,6 +72,10 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return self.request_id
+
+    @property
+    def is_batch(self) -> bool:
+        return bool(self.batch_id)
 
     @property
     def total_tokens(self) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import date, timedelta
 
 from billing.counters.base import QUOTA, SPEND
-from billing.ledger import FIGURES, ledger_totals
+from billing.ledger import FIGURES, batch_filter, ledger_totals
 from billing.models import DailyUsage, UsageRecord
 from billing.periods import HOUR, Days, Period, hour_floor
 from billing.services.latency_rollups import latency_of_days, stored_latency
@@ -32,28 +32,30 @@ def _add_into(target: dict[str, int], sums: dict[str, int]) -> None:
         target[name] += sums[name]
 
 
-def _sums(tenant: Tenant, start, end, width: str, models, api_key_ids, group_by=(), figures=FIGURES):
+def _sums(tenant: Tenant, start, end, width: str, models, api_key_ids, group_by=(), figures=FIGURES, batch=None):
     return usage_sums(Query(tenant=tenant, start=start, end=end, width=width, models=tuple(models),
-                            api_key_ids=tuple(api_key_ids), group_by=group_by, figures=figures))
+                            api_key_ids=tuple(api_key_ids), group_by=group_by, figures=figures, batch=batch))
 
 
-def _day_buckets(tenant: Tenant, days: Days, models, api_key_ids, group_by=(), figures=FIGURES):
+def _day_buckets(tenant: Tenant, days: Days, models, api_key_ids, group_by=(), figures=FIGURES, batch=None):
     """UTC bucket -> group -> sums covering exactly the local days: day buckets where local days are UTC
-    days, else hours, and per minute the UTC hours two local days share."""
+    days, else hours, and per minute the UTC hours two local days share. `batch`: only Batch API lines
+    (True), only live requests (False), or both (None)."""
     if days.utc_days:
-        return _sums(tenant, days.start, days.end, "1d", models, api_key_ids, group_by, figures)
+        return _sums(tenant, days.start, days.end, "1d", models, api_key_ids, group_by, figures, batch)
     end = hour_floor(days.end) + (HOUR if days.end != hour_floor(days.end) else timedelta(0))
-    buckets = dict(_sums(tenant, hour_floor(days.start), end, "1h", models, api_key_ids, group_by, figures))
+    buckets = dict(_sums(tenant, hour_floor(days.start), end, "1h", models, api_key_ids, group_by, figures, batch))
     for hour in days.split_hours():  # the hours two local days share: per minute, from the records
         buckets.pop(hour, None)
-        buckets.update(_sums(tenant, hour, hour + HOUR, "1m", models, api_key_ids, group_by, figures))
+        buckets.update(_sums(tenant, hour, hour + HOUR, "1m", models, api_key_ids, group_by, figures, batch))
     return buckets
 
 
-def usage_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict[str, int]]:
+def usage_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=(),
+                 batch: bool | None = None) -> dict[date, dict[str, int]]:
     """Local day -> billing's FIGURES (requests, tokens by kind, costs in femto-USD), every day present."""
     out = {day: _empty() for day in days.days}
-    for bucket, groups in _day_buckets(tenant, days, models, api_key_ids).items():
+    for bucket, groups in _day_buckets(tenant, days, models, api_key_ids, batch=batch).items():
         day = days.day_of(bucket)
         if day is not None:
             for sums in groups.values():
@@ -61,12 +63,12 @@ def usage_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> di
     return out
 
 
-def usage_by_day_and_model(*, tenant: Tenant, days: Days, models=(),
-                           api_key_ids=()) -> dict[date, dict[str, dict[str, int]]]:
+def usage_by_day_and_model(*, tenant: Tenant, days: Days, models=(), api_key_ids=(),
+                           batch: bool | None = None) -> dict[date, dict[str, dict[str, int]]]:
     """Local day -> model -> FIGURES, every day present (a day maps only the models it has figures for).
     The same buckets as usage_by_day, grouped by model: summed over the models, a day is usage_by_day's."""
     out: dict[date, dict[str, dict[str, int]]] = {day: {} for day in days.days}
-    for bucket, groups in _day_buckets(tenant, days, models, api_key_ids, group_by=("model",)).items():
+    for bucket, groups in _day_buckets(tenant, days, models, api_key_ids, group_by=("model",), batch=batch).items():
         day = days.day_of(bucket)
         if day is not None:
             for (model,), sums in groups.items():
@@ -88,14 +90,16 @@ def usage_totals(by_day: dict[date, dict[str, int]]) -> dict[str, int]:
     return total
 
 
-def latency_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> dict[date, dict]:
+def latency_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=(),
+                   batch: bool | None = None) -> dict[date, dict]:
     """Local day -> requests, errors, error_rate, ttft_p50_s, ttft_p95_s (None without a first token).
 
     Unfiltered, the closed days the hourly rollup has reached read their stored figures (exact, built
     from their records); the rest (the open day, days not yet built, any model or key filter) are
-    computed from the records with the same definition (billing.services.latency_rollups).
+    computed from the records with the same definition (billing.services.latency_rollups). `batch`: only
+    Batch API lines (True) or only live requests (False).
     """
-    stored = {} if (models or api_key_ids) else stored_latency(tenant=tenant, tz=days.tz, days=days.days)
+    stored = {} if (models or api_key_ids or batch is not None) else stored_latency(tenant=tenant, tz=days.tz, days=days.days)
     ends = (*days.starts[1:], days.end)
     spans = [(day, start, end) for day, start, end in zip(days.days, days.starts, ends) if day not in stored]
     records = UsageRecord.objects.filter(tenant=tenant)
@@ -103,6 +107,8 @@ def latency_by_day(*, tenant: Tenant, days: Days, models=(), api_key_ids=()) -> 
         records = records.filter(model__in=list(models))
     if api_key_ids:
         records = records.filter(api_key_id__in=list(api_key_ids))
+    if batch is not None:
+        records = records.filter(batch_filter(batch))
     out = {**stored, **latency_of_days(records, tz=days.tz, spans=spans)}
     out = {day: out[day] for day in days.days}
     for figures in out.values():

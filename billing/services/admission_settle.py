@@ -46,7 +46,7 @@ def record_actual(record: dict, snapshot=None) -> Actual:
             costing = usage_cost(
                 model=record["model"], tier=record["tier"], admitted_at=instant(record.get("admitted_at")),
                 prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, finish_reason=reason,
-                snapshot=snapshot or pricing_snapshot(),
+                batch=bool(record.get("batch_id")), snapshot=snapshot or pricing_snapshot(),
             )
         except PriceUnavailable as exc:
             # Its reservation is settled now all the same (slot and tokens given back) while its record waits
@@ -134,7 +134,7 @@ def reservations_release_stale() -> int:
         return 0
     records = {r["request_id"]: r for r in UsageRecord.objects.filter(request_id__in=stale).values(
         "request_id", "model", "tier", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason",
-        "admitted_at", "created_at")}
+        "admitted_at", "created_at", "batch_id")}
     settled = [records.get(rid, {"request_id": rid}) for rid in stale]
     found = [r for r in settled if "model" in r]
     admission_settle_records(found)

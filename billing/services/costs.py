@@ -56,11 +56,18 @@ def usage_cost(
     cached_tokens: int,
     completion_tokens: int,
     finish_reason: str,
+    batch: bool = False,
     snapshot: PricingSnapshot | None = None,
 ) -> Priced:
-    """The price version, tier multiplier and cost of one request: THE pricing function."""
+    """The price version, tier multiplier and cost of one request: THE pricing function.
+
+    A Batch API line (`batch`) is priced at the version's batch price (billing.money.batch_terms: the
+    version's batch discount off every kind of token, cache hits included), and its `Priced.terms` are
+    those batch terms: what the line was billed at, frozen with it."""
     snapshot = snapshot or pricing_snapshot()
     terms = snapshot.terms_at(model, admitted_at)
+    if batch and terms is not None:
+        terms = snapshot.batch_terms_of(terms)
     milli = snapshot.multiplier_milli(tier)
     cost = cost_compute(
         terms=terms, multiplier_milli=milli, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
@@ -84,7 +91,8 @@ def usage_rows_cost(rows: Iterable[dict[str, Any]]) -> None:
             costing = usage_cost(
                 model=row["model"], tier=row["tier"], admitted_at=row["admitted_at"],
                 prompt_tokens=row["prompt_tokens"], cached_tokens=row["cached_tokens"],
-                completion_tokens=row["completion_tokens"], finish_reason=row["finish_reason"], snapshot=snapshot,
+                completion_tokens=row["completion_tokens"], finish_reason=row["finish_reason"],
+                batch=bool(row.get("batch_id")), snapshot=snapshot,
             )
         terms, milli, cost = Priced(*costing)
         row["price_id"] = terms.price_id if terms is not None else None

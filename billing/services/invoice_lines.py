@@ -1,8 +1,10 @@
 """What a tenant owes for a period, as invoice lines computed from the ledger.
 
 Lines per model, token kind (uncached input, cached input, output), price
-version and tier multiplier (a price or tier change mid-month gives each
-version its own lines), plus one line per adjustment dated in the period.
+version, tier multiplier and live or batch (a price or tier change mid-month
+gives each version its own lines; Batch API lines, priced at the version's
+batch price, have their own lines, labelled), plus one line per adjustment
+dated in the period.
 Only records that cost something are billed (billing.ledger.BILLED: errors
 before the first token, unpriced models: nothing), summed as the ledger sums
 them (billing.ledger.SUMS). Each line keeps its exact cost and is rounded
@@ -16,12 +18,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from billing.ledger import BILLED, SUMS
+from billing.ledger import BILLED, IS_BATCH, SUMS
 from billing.models import Adjustment, InvoiceLine, Price, UsageRecord
 from billing.money import cents_round, femtos_to_usd
 from tenants.models import Tenant
 
-Key = tuple  # (kind, model, price id, multiplier text) | ("adjustment", "", adjustment id, "0")
+Key = tuple  # (kind, model, price id, multiplier text, batch) | ("adjustment", "", adjustment id, "0", False)
 
 _KINDS = (  # line kind, tokens sum, cost sum (billing.ledger.SUMS), the price's column
     (InvoiceLine.Kind.INPUT, "input_tokens", "input_cost_femtos", "input_per_million"),
@@ -42,12 +44,13 @@ class LineDraft:
     description: str
     unit_price: str = ""
     adjustment_id: int | None = None
+    batch: bool = False
 
     @property
     def key(self) -> Key:
         if self.adjustment_id is not None:
-            return (self.kind, "", self.adjustment_id, "0")
-        return (self.kind, self.model, self.price_id, format(self.multiplier.normalize(), "f"))
+            return (self.kind, "", self.adjustment_id, "0", False)
+        return (self.kind, self.model, self.price_id, format(self.multiplier.normalize(), "f"), self.batch)
 
     @property
     def amount_cents(self) -> int:
@@ -55,8 +58,8 @@ class LineDraft:
 
     def line(self, *, invoice, position: int) -> InvoiceLine:
         return InvoiceLine(
-            invoice=invoice, position=position, kind=self.kind, model=self.model, price_id=self.price_id,
-            adjustment_id=self.adjustment_id,
+            invoice=invoice, position=position, kind=self.kind, model=self.model, batch=self.batch,
+            price_id=self.price_id, adjustment_id=self.adjustment_id,
             price_multiplier=self.multiplier, description=self.description[:300], quantity=self.quantity,
             unit_price_per_million=self.unit_price, exact_usd=format(femtos_to_usd(self.femtos), "f"),
             amount_cents=self.amount_cents,
@@ -70,24 +73,26 @@ def _plain(value: Decimal) -> str:
 def usage_line_drafts(*, tenant: Tenant, start: datetime, end: datetime) -> list[LineDraft]:
     groups = list(
         UsageRecord.objects.filter(BILLED, tenant=tenant, created_at__gte=start, created_at__lt=end)
+        .annotate(batch=IS_BATCH)
         .order_by()
-        .values("model", "price_id", "price_multiplier")
+        .values("model", "price_id", "price_multiplier", "batch")
         .annotate(**_LINE_SUMS)
     )
     prices = Price.objects.in_bulk({group["price_id"] for group in groups})
     drafts = []
-    for group in sorted(groups, key=lambda g: (g["model"], prices[g["price_id"]].effective_from)):
-        price = prices[group["price_id"]]
+    for group in sorted(groups, key=lambda g: (g["model"], bool(g["batch"]), prices[g["price_id"]].effective_from)):
+        price, batch = prices[group["price_id"]], bool(group["batch"])
         multiplier = Decimal(group["price_multiplier"])
         for kind, tokens, femtos, column in _KINDS:
             if not group[tokens] and not group[femtos]:
                 continue
-            unit = getattr(price, column) * multiplier
+            unit = (price.batch_price_per_million(column) if batch else getattr(price, column)) * multiplier
             note = f" x tier {_plain(multiplier)}" if multiplier != 1 else ""
+            label = f"{group['model']} (batch, {price.batch_discount_percent}% off)" if batch else group["model"]
             drafts.append(LineDraft(
-                kind=kind, model=group["model"], price_id=price.pk, multiplier=multiplier,
+                kind=kind, model=group["model"], price_id=price.pk, multiplier=multiplier, batch=batch,
                 quantity=int(group[tokens]), femtos=int(group[femtos]), unit_price=_plain(unit),
-                description=(f"{group['model']}: {InvoiceLine.Kind(kind).label}, price from "
+                description=(f"{label}: {InvoiceLine.Kind(kind).label}, price from "
                              f"{price.effective_from:%Y-%m-%d %H:%M} UTC (#{price.pk}){note}"),
             ))
     return drafts
@@ -112,8 +117,9 @@ def period_line_drafts(*, tenant: Tenant, start: datetime, end: datetime) -> lis
 
 def line_key(line: InvoiceLine) -> Key:
     if line.adjustment_id is not None:
-        return (line.kind, "", line.adjustment_id, "0")
-    return (line.kind, line.model, line.price_id, format(Decimal(line.price_multiplier).normalize(), "f"))
+        return (line.kind, "", line.adjustment_id, "0", False)
+    return (line.kind, line.model, line.price_id, format(Decimal(line.price_multiplier).normalize(), "f"),
+            bool(line.batch))
 
 
 def drafts_minus_billed(drafts: Iterable[LineDraft], billed: Iterable[InvoiceLine]) -> list[LineDraft]:

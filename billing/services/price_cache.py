@@ -35,7 +35,15 @@ from datetime import timezone as dt_timezone
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from billing.money import PriceTerms, multiplier_to_milli, per_million_to_picos, price_check
+from billing.money import (
+    DEFAULT_BATCH_DISCOUNT_PERCENT,
+    PriceTerms,
+    batch_discount_check,
+    batch_terms,
+    multiplier_to_milli,
+    per_million_to_picos,
+    price_check,
+)
 from common.cache import TtlCache
 from common.errors import ServiceUnavailable
 
@@ -69,6 +77,11 @@ class PricingSnapshot:
     prices: dict[str, tuple[list[datetime], list[PriceTerms | None]]] = field(default_factory=dict)
     multipliers: dict[str, int] = field(default_factory=dict)  # tier name -> thousandths
     invalid: tuple[InvalidPrice, ...] = ()
+    batch_discounts: dict[int, int] = field(default_factory=dict)  # price id -> its batch discount, percent
+
+    def batch_terms_of(self, terms: PriceTerms) -> PriceTerms:
+        """A version's batch price (billing.money.batch_terms, at the version's own discount)."""
+        return batch_terms(terms, self.batch_discounts.get(terms.price_id, DEFAULT_BATCH_DISCOUNT_PERCENT))
 
     def terms_at(self, model: str, at: datetime) -> PriceTerms | None:
         """The version of `model` in force at `at` (the latest effective_from <= at), or None (unpriced);
@@ -98,8 +111,9 @@ _snapshots: TtlCache[str, "PricingSnapshot"] = TtlCache("price snapshot", ttl=tt
 _reported: set[tuple[int, str]] = set()  # (price id, reason) logged by this process
 
 
-def price_rows() -> list[tuple[int, str, datetime, PriceTerms | None, str]]:
-    """Every unretired price row as (id, model, effective_from, terms or None, why not), by model and start.
+def price_rows() -> list[tuple[int, str, datetime, PriceTerms | None, str, int]]:
+    """Every unretired price row as (id, model, effective_from, terms or None, why not, batch discount
+    percent), by model and start.
 
     The amounts are read as text, so a row whose value the ORM could not even convert (a hand-written
     99999999999999 in SQLite's REAL column) is reported, not raised."""
@@ -111,15 +125,17 @@ def price_rows() -> list[tuple[int, str, datetime, PriceTerms | None, str]]:
 
     rows = (Price.objects.filter(retired_at__isnull=True).order_by("model", "effective_from")
             .annotate(**{f"{name}_text": Cast(name, CharField()) for name in PRICE_FIELDS})
-            .values_list("pk", "model", "effective_from", *(f"{name}_text" for name in PRICE_FIELDS)))
+            .values_list("pk", "model", "effective_from", "batch_discount_percent",
+                         *(f"{name}_text" for name in PRICE_FIELDS)))
     out = []
-    for pk, model, effective_from, *texts in rows:
+    for pk, model, effective_from, discount, *texts in rows:
         try:
             picos = [per_million_to_picos(price_check(text)) for text in texts]
+            discount = batch_discount_check(discount)
         except ValueError as exc:
-            out.append((pk, model, effective_from, None, str(exc)))
+            out.append((pk, model, effective_from, None, str(exc), DEFAULT_BATCH_DISCOUNT_PERCENT))
             continue
-        out.append((pk, model, effective_from, PriceTerms(pk, *picos), ""))
+        out.append((pk, model, effective_from, PriceTerms(pk, *picos), "", discount))
     return out
 
 
@@ -128,7 +144,9 @@ def pricing_snapshot_load() -> PricingSnapshot:
 
     prices: dict[str, tuple[list[datetime], list[PriceTerms | None]]] = {}
     invalid = []
-    for pk, model, effective_from, terms, reason in price_rows():
+    discounts: dict[int, int] = {}
+    for pk, model, effective_from, terms, reason, discount in price_rows():
+        discounts[pk] = discount
         times, versions = prices.setdefault(model, ([], []))
         times.append(effective_from)
         versions.append(terms)
@@ -140,7 +158,7 @@ def pricing_snapshot_load() -> PricingSnapshot:
                              "version in force. Retire it in the admin (Billing > Prices) and add a valid version.",
                              pk, model, reason, model)
     multipliers = {name: multiplier_to_milli(m) for name, m in Tier.objects.values_list("name", "price_multiplier")}
-    return PricingSnapshot(prices=prices, multipliers=multipliers, invalid=tuple(invalid))
+    return PricingSnapshot(prices=prices, multipliers=multipliers, invalid=tuple(invalid), batch_discounts=discounts)
 
 
 def pricing_snapshot() -> PricingSnapshot:

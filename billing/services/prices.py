@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Price
+from billing.money import DEFAULT_BATCH_DISCOUNT_PERCENT
 from billing.models.prices import PRICE_FIELDS
 from billing.services.price_cache import price_cache_clear, ttl_s
 
@@ -61,12 +62,16 @@ def price_create(
     input_per_million: Decimal | str,
     cached_input_per_million: Decimal | str,
     output_per_million: Decimal | str,
+    batch_discount_percent: int | str = DEFAULT_BATCH_DISCOUNT_PERCENT,
     effective_from: datetime | None = None,
     created_by=None,
     note: str = "",
     now: datetime | None = None,
 ) -> Price:
     """Add a price version. Default start: as soon as every process can see it (now + the cache TTL).
+
+    `batch_discount_percent` (a whole percent, 0 to 100, default 50): what Batch API lines pay less, on every
+    kind of token (billing.money.batch_terms).
 
     A model's first price may start at any time (nothing was priced before it);
     a later one no sooner than `price_lead_time()` from now, so that no request
@@ -77,8 +82,11 @@ def price_create(
     if not model:
         raise ValidationError({"model": "the served model's name is required"})
     price = Price(model=model, input_per_million=input_per_million, cached_input_per_million=cached_input_per_million,
-                  output_per_million=output_per_million, created_by=created_by, note=note)
+                  output_per_million=output_per_million, created_by=created_by, note=note,
+                  batch_discount_percent=batch_discount_percent)
     missing = {name: "a price is required" for name in PRICE_FIELDS if getattr(price, name) in (None, "")}
+    if batch_discount_percent in (None, ""):
+        missing["batch_discount_percent"] = "a whole percent from 0 to 100 is required"
     if missing:
         raise ValidationError(missing)
     price.clean()  # the amounts (billing.money.price_check)

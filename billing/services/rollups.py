@@ -27,7 +27,7 @@ from django.db.models import Max
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from billing.ledger import FIGURES, ROLLUP, SUMS, figure_sum, rolled_up_until
+from billing.ledger import FIGURES, IS_BATCH, ROLLUP, SUMS, figure_sum, rolled_up_until
 from billing.models import DailyUsage, FillState, HourlyUsage, UsageRecord
 from billing.periods import HOUR, UTC, day_floor, hour_floor
 from billing.services.latency_rollups import daily_latency_refill
@@ -35,7 +35,7 @@ from billing.services.latency_rollups import daily_latency_refill
 DAY = timedelta(days=1)
 LOOKBACK = timedelta(hours=1)
 CHUNK = timedelta(days=7)  # hours aggregated per query on a long backfill
-DIMENSIONS = ("tenant_id", "api_key_id", "model", "tier")
+DIMENSIONS = ("tenant_id", "api_key_id", "model", "tier", "batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ def hourly_rows(*, start: datetime, end: datetime) -> list[HourlyUsage]:
     """The rollup rows of the hours in [start, end), computed from the records (not saved)."""
     grouped = (
         UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
-        .annotate(bucket=TruncHour("created_at", tzinfo=UTC))
+        .annotate(bucket=TruncHour("created_at", tzinfo=UTC), batch=IS_BATCH)
         .order_by()
         .values("bucket", *DIMENSIONS)
         .annotate(**SUMS)

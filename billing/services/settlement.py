@@ -13,6 +13,8 @@ metrics from what `endings_write` returns. Nothing here knows of the worker.
 priced where the request ended is never priced again; one that could not be
 priced then (the price table unreadable), or an older worker's spooled row
 written before endings carried their price, is priced when it is written.
+A Batch API line ends the same way, its `batch_id` set (billing.services.batch_lines.batch_line_bill):
+priced at its version's batch price, recorded once on its request id.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Ending:
     ttft_s: float | None = None
     duration_s: float = 0.0
     worker_id: str = ""
+    batch_id: str = ""  # a Batch API line's batch (its public id): priced at the batch price
     priced: Priced | None = None
 
     @property
@@ -115,7 +118,8 @@ def _priced_from_json(row: dict[str, Any]) -> Priced:
 def _price(ending: Ending) -> Priced:
     return usage_cost(model=ending.model, tier=ending.tier, admitted_at=instant(ending.admitted_at),
                       prompt_tokens=ending.prompt_tokens, cached_tokens=ending.cached_tokens,
-                      completion_tokens=ending.completion_tokens, finish_reason=ending.finish_reason)
+                      completion_tokens=ending.completion_tokens, finish_reason=ending.finish_reason,
+                      batch=bool(ending.batch_id))
 
 
 def ending_make(**values: Any) -> Ending:

@@ -47,6 +47,7 @@ def usage_record_fields(
     ttft_s: float | None = None,
     duration_s: float = 0.0,
     worker_id: str = "",
+    batch_id: str = "",
     admitted_at: float | datetime | None = None,
     created_at: float | datetime | None = None,
     costing: tuple | None = None,
@@ -60,6 +61,8 @@ def usage_record_fields(
     these same fields: the worker's, for the client's `usage.cost`).
     `created_at` (default now): when the request ended, also for a record written
     later (a worker's spool after a database outage), so it counts in its own hour.
+    `batch_id` (a `/v1/batches` public id; empty for a live request): the record is
+    a batch line's, priced at its version's batch price (billing.money.batch_terms).
     """
     if finish_reason not in _FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {sorted(_FINISH_REASONS)}, not {finish_reason!r}")
@@ -80,10 +83,20 @@ def usage_record_fields(
         "ttft_s": None if ttft_s is None else max(0.0, float(ttft_s)),
         "duration_s": max(0.0, float(duration_s)),
         "worker_id": (worker_id or "")[:100],
+        "batch_id": _batch_id_check(batch_id),
         "admitted_at": instant(admitted_at),
         "created_at": instant(created_at),
         "costing": costing,
     }
+
+
+def _batch_id_check(batch_id: str | None) -> str:
+    """A batch's public id as recorded ("" for a live request); one that does not fit is refused, never cut
+    (a cut id would name another batch, or none)."""
+    batch_id = batch_id or ""
+    if len(batch_id) > UsageRecord._meta.get_field("batch_id").max_length:
+        raise ValueError(f"batch_id is a batch's public id, not {batch_id[:60]!r}...")
+    return batch_id
 
 
 def _drop_deleted_keys(rows: list[dict[str, Any]]) -> None:

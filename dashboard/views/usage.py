@@ -1,4 +1,5 @@
-"""The tenant's usage page and its CSVs (per day, per model): a range, a model and a key to narrow it to.
+"""The tenant's usage page and its CSVs (per day, per model): a range, a model, a key and live or Batch API
+requests to narrow it to.
 
 Every figure is billing's (billing.selectors.usage_by_day_and_model, through dashboard.selectors.usage): the
 days are the sums over the models, the models the sums over the days, so the page, its charts and both CSVs
@@ -15,7 +16,7 @@ from django.shortcuts import render
 
 from billing.selectors import days_between, today_in, usd_str
 from dashboard.charts import spend_by_model_chart, usage_charts
-from dashboard.forms import UsageFilterForm
+from dashboard.forms import BATCH_FILTER, UsageFilterForm
 from dashboard.selectors.usage import latency_by_day, models_in, models_used, usage_by_day_and_model, usage_totals
 from dashboard.usage_table import by_model_rows, usage_table_rows
 from dashboard.views.access import membership_or_404
@@ -55,9 +56,10 @@ def _usage(request, membership) -> tuple[UsageFilterForm, dict | None, dict | No
     models = (data["model"],) if data.get("model") else ()
     key = next((key for key in keys if key.public_id == data.get("key")), None)
     key_ids = (key.pk,) if key else ()
-    per_model = usage_by_day_and_model(tenant=tenant, days=days, models=models, api_key_ids=key_ids)
+    batch = BATCH_FILTER[data.get("batch") or ""]  # only Batch API lines, only live requests, or both
+    per_model = usage_by_day_and_model(tenant=tenant, days=days, models=models, api_key_ids=key_ids, batch=batch)
     sums = {day: usage_totals(per_model[day]) for day in days.days}
-    latency = latency_by_day(tenant=tenant, days=days, models=models, api_key_ids=key_ids)
+    latency = latency_by_day(tenant=tenant, days=days, models=models, api_key_ids=key_ids, batch=batch)
     names = sorted({name for by_model in per_model.values() for name in by_model})
     model_totals = {name: usage_totals({day: per_model[day][name] for day in days.days if name in per_model[day]})
                     for name in names}
@@ -66,7 +68,7 @@ def _usage(request, membership) -> tuple[UsageFilterForm, dict | None, dict | No
                     for day in days.days] for name in names}
     return form, {
         "timezone": tenant.timezone, "start": data["start"].isoformat(), "end": data["end"].isoformat(),
-        "model": data.get("model") or None, "api_key": key.public_id if key else None,
+        "model": data.get("model") or None, "api_key": key.public_id if key else None, "batch": batch,
         "models": form.period_models, "days": [_day_row(day, sums[day], latency[day]) for day in days.days],
         "by_model": by_model_rows(model_totals, usd_str),
         "totals": {**{name: total[name] for name in BY_MODEL_COLUMNS[1:-1]},
@@ -98,8 +100,9 @@ def _csv(request, slug: str, name: str, columns: tuple[str, ...], rows_of) -> Ht
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}-{slug}-{data["start"]}-{data["end"]}.csv"'
     writer = csv.writer(response)
+    only = {True: "; Batch API requests only", False: "; live requests only", None: ""}[data["batch"]]
     writer.writerow([f"# timezone {data['timezone']}; model {data['model'] or 'all'}; "
-                     f"api key {data['api_key'] or 'all'}"])
+                     f"api key {data['api_key'] or 'all'}{only}"])
     writer.writerow(columns)
     for row in rows_of(data):
         writer.writerow([row[column] if row[column] is not None else "" for column in columns])
