@@ -14,7 +14,9 @@ the small fused ops; without a C compiler it is the references.
     prefill_attention.py       prefill/extend attention over the paged cache, causal offset mask
     rms_norm.py                rms_norm, fused_add_rms_norm
     rotary.py                  rotary_embedding (neox), build_cos_sin_cache
-    activation.py              silu_and_mul
+    activation.py              silu_and_mul; gelu_tanh_and_mul_ref (Gemma)
     paged_decode_attention_cpu.py  native C decode attention for CPUs (csrc/paged_decode_attention.c)
-    fused_ops_cpu.py           native C rms_norm, fused_add_rms_norm, rotary, silu_and_mul, store_kv (csrc/fused_ops.c)
+    fused_ops_cpu.py           native C rms_norm, fused_add_rms_norm, rotary, silu_and_mul, gelu_tanh_and_mul,
+                               store_kv (csrc/fused_ops.c)
+    q8_matmul_cpu.py           native C matmul by int8 blocks of 32 or 16 (csrc/q8_matmul.c)
 """

@@ -1,4 +1,5 @@
-"""SiLU-and-multiply (the SwiGLU gate): out = silu(x[:, :I]) * x[:, I:]."""
+"""SiLU-and-multiply (the SwiGLU gate): out = silu(x[:, :I]) * x[:, I:]; and GELU(tanh)-and-multiply (Gemma's
+MLP, GeGLU): out = gelu_tanh(x[:, :I]) * x[:, I:] (a reference here, the native CPU op in fused_ops_cpu)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2I] -> [T, I] in x's dtype."""
     inter = x.shape[-1] // 2
     return F.silu(x[..., :inter]) * x[..., inter:]
+
+
+def gelu_tanh_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2I] -> [T, I] in x's dtype: transformers' Gemma3MLP, ``gelu_pytorch_tanh(gate) * up``."""
+    inter = x.shape[-1] // 2
+    return F.gelu(x[..., :inter], approximate="tanh") * x[..., inter:]
 
 
 @jit

@@ -49,6 +49,8 @@ class Ops:
     # attention one query row at a time (kernels.row_attention).
     fixed_matmul: Callable
     paged_attention_rows: Callable
+    # Gemma's GELU(tanh)-and-multiply: native on the CPU backend, the PyTorch reference elsewhere
+    gelu_tanh_and_mul: Callable
 
 
 def triton_available() -> bool:
@@ -91,6 +93,7 @@ def select_backend(device: torch.device | str) -> str:
 
 @functools.cache
 def _ops(backend: str) -> Ops:
+    from kernels.activation import gelu_tanh_and_mul_ref
     from kernels.rotary import build_cos_sin_cache
 
     if backend == "triton":
@@ -108,6 +111,7 @@ def _ops(backend: str) -> Ops:
             backend, store_kv, paged_decode_attention, paged_prefill_attention,
             rms_norm, fused_add_rms_norm, rotary_embedding, silu_and_mul,
             build_cos_sin_cache, rotary_and_store_kv, fixed_matmul, paged_attention_rows_triton,
+            gelu_tanh_and_mul_ref,
         )
     from kernels.activation import silu_and_mul_ref
     from kernels.fixed_matmul import fixed_matmul_rows
@@ -128,12 +132,13 @@ def _ops(backend: str) -> Ops:
             backend, fused.store_kv_cpu, paged_decode_attention_cpu, paged_prefill_attention_ref,
             fused.rms_norm_cpu, fused.fused_add_rms_norm_cpu, fused.rotary_embedding_cpu, fused.silu_and_mul_cpu,
             build_cos_sin_cache, rotary_then_store(fused.rotary_embedding_cpu, fused.store_kv_cpu),
-            fixed_matmul_cpu, paged_attention_rows_cpu,
+            fixed_matmul_cpu, paged_attention_rows_cpu, fused.gelu_tanh_and_mul_cpu,
         )
     return Ops(
         backend, store_kv_ref, paged_decode_attention_ref, paged_prefill_attention_ref,
         rms_norm_ref, fused_add_rms_norm_ref, rotary_embedding_ref, silu_and_mul_ref,
         build_cos_sin_cache, rotary_and_store_kv_ref, fixed_matmul_rows, paged_attention_rows_ref,
+        gelu_tanh_and_mul_ref,
     )
 
 

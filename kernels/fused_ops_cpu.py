@@ -2,8 +2,8 @@
 
 Same signatures and results as the references in kv_store.py, rms_norm.py,
 rotary.py and activation.py. The K/V store and rotary are bit-identical to the
-references (any dtype for the store; float32 and bfloat16 for rotary); RMSNorm
-and SiLU-and-multiply run natively for bfloat16 only, where they match the
+references (any dtype for the store; float32 and bfloat16 for rotary); RMSNorm,
+SiLU-and-multiply and GELU(tanh)-and-multiply run natively for bfloat16 only, where they match the
 references up to a rare last-bit difference. Other dtypes, devices or shapes
 fall back to the references. One C call replaces the 5-12 PyTorch ops of a reference,
 which is most of what a small decode step spends outside the matmuls.
@@ -16,7 +16,7 @@ import ctypes
 import torch
 
 from kernels import cpu_native
-from kernels.activation import silu_and_mul_ref
+from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from kernels.kv_store import store_kv_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rotary import _joint_heads, rotary_embedding_ref
@@ -27,9 +27,10 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 _i64, _f32, _int, _p = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
-    "rms_norm_rows": [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _int, _int],
+    "rms_norm_rows": [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _int, _int, _int],
     "rotary_rows": [_p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _int, _int],
     "silu_and_mul_rows": [_p, _p, _i64, _i64, _i64, _i64, _int, _int],
+    "gelu_tanh_and_mul_rows": [_p, _p, _i64, _i64, _i64, _i64, _int, _int],
     "store_kv_rows": [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64],
 }
 
@@ -64,13 +65,14 @@ def _norm(x, residual, weight, eps):
     # at batch 1 each of a step's native calls does so little work that what surrounds it counts
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     new_res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
-    if weight.dtype != x.dtype or not weight.is_contiguous():
+    weight_f32 = weight.dtype == torch.float32  # Gemma's 1 + weight: one rounding (rms_norm_ref)
+    if not (weight_f32 or weight.dtype == x.dtype) or not weight.is_contiguous():
         weight = weight.to(x.dtype).contiguous()
     library().rms_norm_rows(
         x.data_ptr(), residual.data_ptr() if residual is not None else None, weight.data_ptr(),
         out.data_ptr(), new_res.data_ptr() if new_res is not None else None,
         rows, hidden, x.stride(0), residual.stride(0) if residual is not None else 0, hidden, hidden,
-        eps, _DTYPES[x.dtype], torch.get_num_threads())
+        eps, _DTYPES[x.dtype], int(weight_f32), torch.get_num_threads())
     return out, new_res
 
 
@@ -117,14 +119,25 @@ def rotary_embedding_cpu(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
     return _rotate(q, positions, cos_sin_cache), _rotate(k, positions, cos_sin_cache)
 
 
+def _gated(x: torch.Tensor, fn) -> torch.Tensor:
+    rows, width = x.shape
+    out = x.new_empty((rows, width // 2))
+    fn(x.data_ptr(), out.data_ptr(), rows, width // 2, x.stride(0), width // 2, _DTYPES[x.dtype],
+       torch.get_num_threads())
+    return out
+
+
 def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
     if not _usable(x) or x.shape[1] % 2 or x.shape[1] // 2 > MAX_HIDDEN:
         return silu_and_mul_ref(x)
-    rows, width = x.shape
-    out = x.new_empty((rows, width // 2))
-    library().silu_and_mul_rows(x.data_ptr(), out.data_ptr(), rows, width // 2, x.stride(0), width // 2,
-                                _DTYPES[x.dtype], torch.get_num_threads())
-    return out
+    return _gated(x, library().silu_and_mul_rows)
+
+
+def gelu_tanh_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
+    """Same contract as ``gelu_tanh_and_mul_ref`` (bfloat16 natively, up to a rare last-bit difference)."""
+    if not _usable(x) or x.shape[1] % 2 or x.shape[1] // 2 > MAX_HIDDEN:
+        return gelu_tanh_and_mul_ref(x)
+    return _gated(x, library().gelu_tanh_and_mul_rows)
 
 
 def store_kv_cpu(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

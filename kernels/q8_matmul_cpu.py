@@ -1,11 +1,13 @@
-"""Matmul with a weight held as 8-bit blocks (GGUF Q8_0) on the CPU (``kernels/csrc/q8_matmul.c``).
+"""Matmul with a weight held as 8-bit blocks (GGUF Q8_0, Q5_0, Q4_0, Q6_K) on the CPU (``kernels/csrc/q8_matmul.c``).
 
-``weight[n, k] = codes[n, k] * scales[n, k // 32]``: int8 codes [N, K] and float32 scales [N, K / 32],
-exactly as a Q8_0 file stores them. ``q8_matmul_cpu(x, codes, scales)`` returns the float32 product
-``x @ weight.T`` ([rows, N]) for bfloat16 or float32 ``x`` [rows, K], computed in float32 from the
-exact weights (up to summation order); ``q8_matmul_ref`` is the same in plain PyTorch. It reads half
-the bytes of a bfloat16 weight, so for the few rows of a decode step (a tied-embedding LM head at
-batch 1-8) it beats the dense GEMV; the C code holds up to 8 rows per pass over the weight.
+``weight[n, k] = codes[n, k] * scales[n, k // block]``: int8 codes [N, K] and float32 scales [N, K / block],
+the block (32 for Q8_0/Q5_0/Q4_0, 16 for Q6_K's sub-blocks) read from the shapes. ``q8_matmul_cpu(x,
+codes, scales)`` returns the float32 product ``x @ weight.T`` ([rows, N]) for bfloat16 or float32 ``x``
+[rows, K], computed in float32 from the exact weights (up to summation order); with ``out_dtype=
+torch.bfloat16`` that float32 sum comes back rounded once to bf16 (what ``.to(torch.bfloat16)`` of the
+float32 result gives, without the extra op). ``q8_matmul_ref`` is the same in plain PyTorch. It reads
+about half the bytes of a bfloat16 weight, so for the few rows of a decode step (a tied-embedding LM head
+at batch 1-8, a layer at 1-4) it beats the dense GEMV; the C code holds up to 8 rows per pass over the weight.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ import torch
 
 from kernels import cpu_native
 
-BLOCK = 32
+BLOCK = 32  # Q8_0's (the default in tests and docs)
+BLOCKS = (16, 32)  # what the C code takes
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _i64, _p = ctypes.c_int64, ctypes.c_void_p
+
+
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.q8_matmul.argtypes = [_p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int]
+    lib.q8_matmul.argtypes = [_p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int, _i64,
+                              ctypes.c_int]
     lib.q8_matmul.restype = ctypes.c_int
     lib.q8_matmul_isa.restype = ctypes.c_int
     return lib
@@ -31,10 +37,17 @@ def library() -> ctypes.CDLL | None:
     return cpu_native.load_bound(bind)
 
 
+def block_of(codes: torch.Tensor, scales: torch.Tensor) -> int:
+    """The block size the shapes imply: K / scales per row (0 when they do not divide)."""
+    k, groups = codes.shape[-1], scales.shape[-1]
+    return k // groups if groups and k % groups == 0 else 0
+
+
 def q8_dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The float32 weight [N, K] the blocks stand for."""
     n, k = codes.shape
-    return (codes.float().view(n, k // BLOCK, BLOCK) * scales.unsqueeze(-1)).view(n, k)
+    block = block_of(codes, scales)
+    return (codes.float().view(n, k // block, block) * scales.unsqueeze(-1)).view(n, k)
 
 
 def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
@@ -42,33 +55,40 @@ def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
         raise ValueError(f"x, codes and scales must be 2-D, got {tuple(x.shape)}, {tuple(codes.shape)}, "
                          f"{tuple(scales.shape)}")
     n, k = codes.shape
-    if k % BLOCK:
-        raise ValueError(f"K must be a multiple of {BLOCK}, got {k}")
-    if x.shape[1] != k or tuple(scales.shape) != (n, k // BLOCK):
+    block = block_of(codes, scales)
+    if block not in BLOCKS:
+        raise ValueError(f"K must be a multiple of the block, which must be one of {BLOCKS}: K {k}, "
+                         f"{scales.shape[-1]} scales per row")
+    if x.shape[1] != k or scales.shape[0] != n:
         raise ValueError(f"shapes do not match: x {tuple(x.shape)}, codes {tuple(codes.shape)}, "
-                         f"scales {tuple(scales.shape)} (want [rows, K], [N, K], [N, K/{BLOCK}])")
+                         f"scales {tuple(scales.shape)} (want [rows, K], [N, K], [N, K/block])")
     if codes.dtype != torch.int8 or scales.dtype != torch.float32:
         raise ValueError(f"codes must be int8 and scales float32, got {codes.dtype} and {scales.dtype}")
 
 
-def q8_matmul_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def q8_matmul_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                  out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     _check(x, codes, scales)
-    return x.float() @ q8_dequantize(codes, scales).t()
+    return (x.float() @ q8_dequantize(codes, scales).t()).to(out_dtype)
 
 
-def q8_matmul_cpu(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float32 [rows, N]; the reference when the library is unavailable or x is not bf16/fp32 on the CPU."""
+def q8_matmul_cpu(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                  out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[rows, N] in ``out_dtype`` (float32 or bfloat16); the reference when the library is unavailable or x
+    is not bf16/fp32 on the CPU."""
     _check(x, codes, scales)
     lib = library()
-    if lib is None or x.dtype not in _DTYPES or not (x.is_cpu and codes.is_cpu and scales.is_cpu):
-        return q8_matmul_ref(x, codes, scales)
+    if (lib is None or x.dtype not in _DTYPES or out_dtype not in _DTYPES
+            or not (x.is_cpu and codes.is_cpu and scales.is_cpu)):
+        return q8_matmul_ref(x, codes, scales, out_dtype)
     if x.stride(1) != 1:
         x = x.contiguous()
     codes, scales = codes.contiguous(), scales.contiguous()
     rows, (n, k) = x.shape[0], codes.shape
-    out = torch.empty((rows, n), dtype=torch.float32)
+    out = torch.empty((rows, n), dtype=out_dtype)
     code = lib.q8_matmul(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), out.data_ptr(), rows, n, k,
-                         x.stride(0), n, _DTYPES[x.dtype], torch.get_num_threads())
+                         x.stride(0), n, _DTYPES[x.dtype], _DTYPES[out_dtype], k // scales.shape[1],
+                         torch.get_num_threads())
     if code == 2:
         raise MemoryError("q8_matmul: out of memory for the float32 copy of x")
     if code:

@@ -1,6 +1,13 @@
-"""RMSNorm and RMSNorm fused with the residual add (Llama style).
+"""RMSNorm and RMSNorm fused with the residual add.
 
-out = weight * (x / sqrt(mean(x^2) + eps)), the statistics in float32.
+out = weight * (x / sqrt(mean(x^2) + eps)), the statistics in float32. The
+weight's dtype says where a 16-bit x is rounded: a weight in x's dtype
+multiplies the normalised row already rounded to that dtype (HF Llama:
+``weight * x.to(dtype)``); a float32 weight with a 16-bit x (Gemma 3, whose
+norms scale by 1 + weight, kept in float32 by the loaders) multiplies the
+float32 normalised row, and the product is rounded once (transformers'
+Gemma3RMSNorm: ``(x_norm * (1.0 + w.float())).type_as(x)``). In float32 the
+two are the same.
 """
 
 from __future__ import annotations
@@ -11,11 +18,13 @@ from kernels._triton import check, check_model_dtype, check_same_device, jit, ke
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [T, H], weight [H] -> [T, H] in x's dtype (HF Llama rounding order)."""
+    """x [T, H], weight [H] -> [T, H] in x's dtype (rounding order: see the module docstring)."""
     xf = x.to(torch.float32, copy=True)  # a private copy: scaled in place below
     variance = xf.square().mean(-1, keepdim=True)
-    normed = xf.mul_(variance.add_(eps).rsqrt_()).to(x.dtype)
-    return normed.mul_(weight.to(x.dtype))
+    normed = xf.mul_(variance.add_(eps).rsqrt_())
+    if weight.dtype == torch.float32:  # Gemma: one rounding, after the weight
+        return normed.mul_(weight).to(x.dtype)
+    return normed.to(x.dtype).mul_(weight.to(x.dtype))
 
 
 def fused_add_rms_norm_ref(
@@ -31,10 +40,10 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
     stride_x, stride_r, stride_o, stride_n,
     hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, WEIGHT_F32: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    # One program per row. Rounding follows the reference: the residual sum and
-    # the normalised row are rounded to the model dtype before the weight.
+    # One program per row. Rounding follows the reference: the residual sum is rounded to the model
+    # dtype; so is the normalised row before the weight, unless the weight is float32 (Gemma).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -45,8 +54,12 @@ def _rms_norm_kernel(
         tl.store(new_res_ptr + row * stride_n + cols, summed, mask=mask)
         x = summed.to(tl.float32)
     variance = tl.sum(x * x, axis=0) / hidden
-    normed = (x * tl.rsqrt(variance + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(out_ptr.dtype.element_ty).to(tl.float32)
+    normed = x * tl.rsqrt(variance + eps)
+    if WEIGHT_F32:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    else:
+        normed = normed.to(out_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -68,7 +81,7 @@ def _launch(x, residual, weight, eps):
             x, residual if residual is not None else x, weight, out, new_res,
             x.stride(0), (residual if residual is not None else x).stride(0),
             out.stride(0), new_res.stride(0), hidden, float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            HAS_RESIDUAL=residual is not None, WEIGHT_F32=weight.dtype == torch.float32, BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
     return out, new_res

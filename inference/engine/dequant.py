@@ -119,7 +119,8 @@ def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
     return (q * (d * scales).unsqueeze(-1) - (dmin * mins).unsqueeze(-1)).reshape(n, QK_K)
 
 
-def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+def _q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K blocks [n, 210] -> (codes q6-32 as int8 [n, 16, 16], the sub-blocks' float32 scales d*sc [n, 16])."""
     n = blocks.shape[0]
     ql = blocks[:, :128].reshape(n, 2, 1, 64)
     qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
@@ -127,8 +128,20 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     d = _f16(blocks, 208)
     low = torch.cat((ql & 0x0F, ql >> 4), dim=2).reshape(n, 2, 4, 32)
     high = torch.cat([(qh >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=2)  # [n, 2, 4, 32]
-    q = ((low | (high << 4)).to(torch.int16) - 32).float().reshape(n, 16, 16)
-    return (q * (d * scales).unsqueeze(-1)).reshape(n, QK_K)
+    codes = ((low | (high << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, 16, 16)
+    return codes, d * scales
+
+
+def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    codes, scales = _q6_k_parts(blocks)
+    return (codes.float() * scales.unsqueeze(-1)).reshape(blocks.shape[0], QK_K)
+
+
+def _q6_k_blocks(raw: np.ndarray | torch.Tensor, shape: tuple[int, int]) -> Int8Blocks:
+    rows, cols = shape
+    blocks = _as_byte_tensor(raw).reshape(-1, GGML_QUANT_SIZES[GGMLQuantizationType.Q6_K][1])
+    codes, scales = _q6_k_parts(blocks)
+    return Int8Blocks(codes.reshape(rows, cols), scales.reshape(rows, cols // 16).contiguous())
 
 
 _BLOCK_DEQUANTIZERS = {
@@ -217,10 +230,15 @@ def _as_byte_tensor(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 def int8_blocks(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | int,
                 shape: tuple[int, int]) -> Int8Blocks | None:
-    """The int8 codes and scales of a Q8_0, Q5_0 or Q4_0 matrix (None for any other type), all exactly
-    x = d*code: Q8_0's code is q, Q5_0's q5-16 (-16..15), Q4_0's nibble-8 (-8..7)."""
+    """The int8 codes and scales of a Q8_0, Q5_0, Q4_0 or Q6_K matrix (None for any other type), all exactly
+    x = d*code: Q8_0's code is q, Q5_0's q5-16 (-16..15), Q4_0's nibble-8 (-8..7), in blocks of 32; Q6_K's
+    q6-32 (-32..31) in its sub-blocks of 16, whose scale is d*sc (float32, as `_q6_k` computes it)."""
     qtype = GGMLQuantizationType(qtype)
-    if qtype not in _INT8_CODES or len(shape) != 2:
+    if len(shape) != 2:
+        return None
+    if qtype == GGMLQuantizationType.Q6_K:
+        return _q6_k_blocks(raw, shape)
+    if qtype not in _INT8_CODES:
         return None
     rows, cols = shape
     block_values, type_size = GGML_QUANT_SIZES[qtype]

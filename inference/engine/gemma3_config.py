@@ -102,3 +102,13 @@ def fields_from_gguf(metadata: dict, layers: int, hidden: int, heads: int, head_
         query_pre_attn_scalar=float(hidden // heads if layers == _GEMMA3_27B_LAYERS else head_dim),
         final_logit_softcapping=float(final_cap) if final_cap is not None else None,
     )
+
+
+def norm_weight(weight, dtype):
+    """A Gemma norm's weight w (a torch tensor) -> the float32 1 + w the model multiplies by: w rounded to the
+    model's `dtype` first, then 1 + it in float32, as transformers' Gemma3RMSNorm computes
+    ``1.0 + self.weight.float()`` with its weight in the model's dtype. Kept in float32 so that a 16-bit
+    model rounds the norm's output once (kernels/rms_norm.py), not the weight and then the product."""
+    import torch
+
+    return weight.to(dtype).to(torch.float32) + 1.0

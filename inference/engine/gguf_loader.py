@@ -11,8 +11,9 @@ models so that its "normal" rotary embedding pairs adjacent elements
 kind that pairs (x_i, x_{i+D/2}), so we undo that permutation on load.
 
 Gemma 3 ("gemma3", NeoX rotary: nothing permuted): llama.cpp's converter writes
-its norm weights as 1 + weight, which is what our model stores (transformers'
-GGUF loader subtracts the 1 again); its header's extra fields are read by
+its norm weights as 1 + weight; like transformers' GGUF loader we subtract the 1
+again, round the weight to the model's dtype and keep 1 + it in float32
+(gemma3_config.norm_weight); its header's extra fields are read by
 inference.engine.gemma3_config.
 """
 
@@ -220,6 +221,16 @@ class _Tensors:
         value = dequantize(t.data, GGMLQuantizationType(t.tensor_type), self.infos[name][0], self.dtype)
         return unpermute_qk(value, heads) if heads and self.permuted else value
 
+    def gemma_norm(self, name: str) -> torch.Tensor:
+        """A Gemma norm weight (the file's 1 + weight) as gemma3_config.norm_weight keeps it: float32."""
+        import torch
+
+        from .dequant import dequantize
+
+        t = self.tensor(name)
+        stored = dequantize(t.data, GGMLQuantizationType(t.tensor_type), self.infos[name][0], torch.float32)
+        return gemma3_config.norm_weight(stored - 1.0, self.dtype)
+
     def int4_groups(self, names: list[str], heads: list[int | None]) -> Int4Groups | None:
         """The exact 4-bit groups of `names` concatenated by rows, or None unless all are Q4_0/Q4_1/Q4_K."""
         from .dequant import int4_groups
@@ -228,7 +239,8 @@ class _Tensors:
         return self._gather(int4_groups, Int4Groups.cat, names, heads)
 
     def int8_groups(self, names: list[str], heads: list[int | None]) -> Int8Blocks | None:
-        """The exact int8 blocks of `names` concatenated by rows, or None unless all are Q8_0/Q5_0/Q4_0."""
+        """The exact int8 blocks of `names` concatenated by rows, or None unless all are Q8_0/Q5_0/Q4_0 or all
+        Q6_K (blocks of 32 and of 16 do not join)."""
         from .dequant import int8_blocks
         from .packed_linear import Int8Blocks
 
@@ -247,7 +259,7 @@ class _Tensors:
         return cat(parts)
 
     def int8_blocks(self, name: str) -> Int8Blocks | None:
-        """The exact int8 blocks of `name`, or None unless it is Q8_0."""
+        """The exact int8 blocks of `name`, or None unless it is Q8_0/Q5_0/Q4_0/Q6_K."""
         from .dequant import int8_blocks
 
         t = self.tensor(name)
@@ -285,12 +297,13 @@ def _load_layer(source: _Tensors, config: ModelConfig, i: int, *, int4: bool, in
         state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat(
             (get(f"{blk}.attn_q.bias", config.num_heads), get(f"{blk}.attn_k.bias", config.num_kv_heads),
              get(f"{blk}.attn_v.bias")))
+    norm = source.gemma_norm if config.gemma else get
     if config.qk_norm:  # Qwen3, Gemma 3 (llama.cpp does not permute their rows: NeoX rotary)
-        state[f"{out}.self_attn.q_norm.weight"] = get(f"{blk}.attn_q_norm.weight")
-        state[f"{out}.self_attn.k_norm.weight"] = get(f"{blk}.attn_k_norm.weight")
+        state[f"{out}.self_attn.q_norm.weight"] = norm(f"{blk}.attn_q_norm.weight")
+        state[f"{out}.self_attn.k_norm.weight"] = norm(f"{blk}.attn_k_norm.weight")
     norms = _GEMMA_NORMS if config.gemma else {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
     for theirs, ours in norms.items():
-        state[f"{out}.{ours}.weight"] = get(f"{blk}.{theirs}.weight")
+        state[f"{out}.{ours}.weight"] = norm(f"{blk}.{theirs}.weight")
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_head: bool = False,
@@ -300,8 +313,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_
     With `int4`, the third item maps each Linear (e.g. "layers.0.mlp.gate_up_proj") whose source
     tensors are all Q4_0/Q4_1/Q4_K to its exact 4-bit groups (see packed_linear). With `int8_head`, it also
     maps "lm_head" to the exact int8 blocks of the output weight (the token embedding when tied) when
-    that tensor is Q8_0. With `int8`, each other Linear whose sources are all Q8_0/Q5_0/Q4_0 maps to its
-    exact int8 blocks. Otherwise it is empty.
+    that tensor is Q8_0/Q5_0/Q4_0/Q6_K. With `int8`, each other Linear whose sources are all Q8_0/Q5_0/Q4_0
+    (or all Q6_K) maps to its exact int8 blocks. Otherwise it is empty.
     """
     metadata, infos = read_gguf_header(path)
     config = config_from_gguf_metadata(metadata, set(infos))
@@ -310,7 +323,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_
         config = _with_rope_freqs(config, source)
 
     state: dict[str, torch.Tensor] = {"embed_tokens.weight": source.get("token_embd.weight"),
-                                      "norm.weight": source.get("output_norm.weight")}
+                                      "norm.weight": (source.gemma_norm if config.gemma else source.get)(
+                                          "output_norm.weight")}
     if not config.tie_word_embeddings:
         state["lm_head.weight"] = source.get("output.weight")
     packed: dict[str, Int4Groups | Int8Blocks] = {}

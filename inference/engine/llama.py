@@ -24,8 +24,9 @@ each layer also normalises the attention block's output (`attn_output_norm`)
 and the MLP's (`mlp_output_norm`) before they join the residual stream, the
 pre-MLP norm keeping Llama's name `post_attention_layernorm`; the MLP is
 GELU(tanh)-and-multiply; and attention is scaled by query_pre_attn_scalar^-0.5.
-Gemma's norms multiply by (1 + weight): the loaders store 1 + weight, so every
-norm here runs the same kernel. Sliding-window layers (Gemma 3's local ones,
+Gemma's norms multiply by (1 + weight): the loaders store 1 + weight in float32
+(gemma3_config.norm_weight), so every norm here runs the same kernel, which then
+rounds a 16-bit row once, after the weight, as transformers does (kernels/rms_norm.py). Sliding-window layers (Gemma 3's local ones,
 all of Mistral's when it sets `sliding_window`) attend to their last `window`
 positions (PagedAttention) and, in Gemma 3, take their own rotary cache
 (`rope_local_theta`). A config's `final_logit_softcapping` caps the logits.
@@ -42,7 +43,6 @@ Parameter names (what the loaders produce):
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.dispatch import get_ops
@@ -107,10 +107,8 @@ class LlamaMLP(nn.Module):
     def forward(self, hidden: torch.Tensor, ops, mm=None) -> torch.Tensor:
         """``mm``: ``ops.fixed_matmul`` in batch-invariant mode, else None (see packed_linear.Linear)."""
         gate_up = self.gate_up_proj.forward(hidden, mm)
-        if self.gelu:
-            gate, up = gate_up.chunk(2, dim=-1)
-            return self.down_proj.forward(F.gelu(gate, approximate="tanh") * up, mm)
-        return self.down_proj.forward(ops.silu_and_mul(gate_up), mm)
+        act = ops.gelu_tanh_and_mul(gate_up) if self.gelu else ops.silu_and_mul(gate_up)
+        return self.down_proj.forward(act, mm)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -160,6 +158,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
                                                                            bias=False)
         self._cos_sin: dict[tuple[torch.device, bool], torch.Tensor] = {}
+        self._embed_scales: dict[torch.dtype, float] = {}
         # Gemma 3's local layers take their own rotary cache
         self.local_rope = [config.gemma and config.layer_window(i) > 0 for i in range(config.num_layers)]
         self.output_int8: Int8Blocks | None = None  # the output weight as exact int8 blocks (few-row LM head)
@@ -178,10 +177,18 @@ class LlamaForCausalLM(nn.Module):
         return [self.cos_sin_cache(device, local) for local in self.local_rope]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        if self.config.gemma:  # sqrt(hidden_size) rounded to the weights' dtype first, as transformers does
-            hidden = hidden * float(torch.tensor(self.config.hidden_size ** 0.5).to(hidden.dtype))
+        hidden = self.embed_tokens.forward(input_ids)
+        if self.config.gemma:
+            return hidden * self._embed_scale(hidden.dtype)
         return hidden
+
+    def _embed_scale(self, dtype: torch.dtype) -> float:
+        """Gemma's sqrt(hidden_size) rounded to the weights' dtype first, as transformers does; once per dtype
+        (building that scalar tensor on every forward cost a decode step a few tensor ops)."""
+        scale = self._embed_scales.get(dtype)
+        if scale is None:
+            scale = self._embed_scales[dtype] = float(torch.tensor(self.config.hidden_size ** 0.5).to(dtype))
+        return scale
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

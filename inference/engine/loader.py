@@ -65,8 +65,9 @@ def load_model(name_or_path: str, *, dtype: torch.dtype | str = torch.bfloat16,
     """Load weights (dequantised to `dtype`) onto `device`, with the model's tokenizer.
 
     `int4_decode`: on the CPU in bf16/fp16, also keep Q4_0/Q4_1/Q4_K GGUF weights packed for few-row
-    matmuls (decode), and (bf16) a Q8_0 output weight as int8 blocks for the LM head at few rows and the
-    other Q8_0/Q5_0/Q4_0 Linears as int8 blocks; no effect in float32 or on other devices.
+    matmuls (decode), and (bf16) a Q8_0/Q5_0/Q4_0/Q6_K output weight as int8 blocks for the LM head at few
+    rows and the other Q8_0/Q5_0/Q4_0 (or Q6_K) Linears as int8 blocks; no effect in float32 or on other
+    devices.
     """
     source = resolve_model(name_or_path)
     dtype, device = resolve_dtype(dtype), torch.device(device)

@@ -13,12 +13,14 @@ float32 model stays exactly the dequantised one.
 
 `Int8Blocks` does the same, in bf16, for a weight whose blocks of 32 are
 exactly int8 codes times one scale (Q8_0; Q5_0 and Q4_0 shifted to signed
-codes): the native kernel in kernels/q8_matmul_cpu.py multiplies up to
+codes), or blocks of 16 (Q6_K: 6-bit codes shifted to signed, each
+sub-block's scale d * sc): the native kernel in kernels/q8_matmul_cpu.py multiplies up to
 `INT8_MAX_ROWS` rows by them, half the bytes of the bf16 GEMV. It serves the
 LM head (for SmolLM2, the tied 49,152 x 576 token embedding) and, for up to
 `INT8_LAYER_MAX_ROWS` rows, the Linears that have no int4 copy (Gemma 3's
-Q5_0/Q8_0 projections); the layer's result is its float32 sum rounded once to
-the layer's dtype, as the dense bf16 GEMM rounds its float32 accumulators.
+Q5_0/Q8_0 projections and Q6_K ffn_down); the layer's result is its float32 sum
+rounded once to the layer's dtype (by the kernel), as the dense bf16 GEMM rounds
+its float32 accumulators.
 """
 
 from __future__ import annotations
@@ -66,23 +68,27 @@ class Int4Groups:
 
 @dataclass
 class Int8Blocks:
-    """weight[n, k] = codes[n, k] * scales[n, k // 32] (GGUF Q8_0)."""
+    """weight[n, k] = codes[n, k] * scales[n, k // block]: block 32 (GGUF Q8_0, Q5_0, Q4_0) or 16 (Q6_K),
+    read from the shapes (kernels.q8_matmul_cpu.block_of)."""
 
     codes: torch.Tensor  # int8 [N, K]
-    scales: torch.Tensor  # float32 [N, K // 32]
+    scales: torch.Tensor  # float32 [N, K // block]
 
     def map_rows(self, fn) -> Int8Blocks:
         return Int8Blocks(fn(self.codes), fn(self.scales))
 
     @staticmethod
-    def cat(parts: list[Int8Blocks]) -> Int8Blocks:
+    def cat(parts: list[Int8Blocks]) -> Int8Blocks | None:
+        """The parts joined by rows; None when their blocks differ (one scale tensor cannot hold both)."""
+        if len({p.codes.shape[1] // p.scales.shape[1] for p in parts}) != 1:
+            return None
         return Int8Blocks(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]))
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 x @ weight.T for x [rows, K]."""
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """x @ weight.T for x [rows, K]: the float32 sums, in ``out_dtype`` (float32 or bf16: rounded once)."""
         from kernels.q8_matmul_cpu import q8_matmul_cpu
 
-        return q8_matmul_cpu(x, self.codes, self.scales)
+        return q8_matmul_cpu(x, self.codes, self.scales, out_dtype)
 
     def dequantize(self) -> torch.Tensor:
         from kernels.q8_matmul_cpu import q8_dequantize
@@ -132,7 +138,10 @@ class Linear(nn.Linear):
 
     def attach_int8(self, blocks: Int8Blocks) -> bool:
         """Keep `blocks` (which must describe this layer's weight); False if they do not fit or cannot run."""
-        if (tuple(blocks.codes.shape) != tuple(self.weight.shape) or blocks.codes.shape[1] % GROUP_SIZE
+        from kernels.q8_matmul_cpu import BLOCKS, block_of
+
+        if (tuple(blocks.codes.shape) != tuple(self.weight.shape)
+                or block_of(blocks.codes, blocks.scales) not in BLOCKS
                 or not int8_supported(self.weight.device, self.weight.dtype)):
             return False
         self.int8 = Int8Blocks(blocks.codes.contiguous(), blocks.scales.float().contiguous())
@@ -151,7 +160,7 @@ class Linear(nn.Linear):
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
             return out if self.bias is None else out + self.bias
         if self.int8 is not None and x.dim() == 2 and x.shape[0] <= INT8_LAYER_MAX_ROWS:
-            out = self.int8.matmul(x).to(self.weight.dtype)
+            out = self.int8.matmul(x, self.weight.dtype)
             return out if self.bias is None else out + self.bias
         if self.prepacked is not None and x.dim() == 2 and x.dtype == self.weight.dtype:
             return cpu_matmul.prepacked_linear(x, self.prepacked, self.bias)

@@ -4,7 +4,7 @@ Supports LlamaForCausalLM (Llama 3.x "llama3" rope scaling included),
 MistralForCausalLM (its `sliding_window` when set), Qwen2ForCausalLM (biases on
 q/k/v), Qwen3ForCausalLM (per-head q/k norms) and Gemma3ForCausalLM
 (model_type "gemma3_text"; inference.engine.gemma3_config reads its config, and
-its norm weights are stored as 1 + weight, see inference.engine.llama). Weights are renamed into our layout, fusing q/k/v and
+its norm weights are stored as 1 + weight in float32, see inference.engine.llama). Weights are renamed into our layout, fusing q/k/v and
 gate/up. Any other rope scaling, sliding-window Qwen layers, partial rotary
 embeddings or MLP biases are refused with a ValueError naming them.
 """
@@ -118,8 +118,8 @@ def load_safetensors(path: str | Path, *, dtype: torch.dtype) -> tuple[ModelConf
         tensor = raw.get(prefix + name)
         if tensor is None:
             raise KeyError(f"{path}: tensor {prefix + name} is missing")
-        if config.gemma and name.endswith("norm.weight"):  # Gemma's norms scale by 1 + weight (in float32)
-            return (tensor.float() + 1.0).to(dtype)
+        if config.gemma and name.endswith("norm.weight"):  # Gemma's norms scale by 1 + weight, kept in float32
+            return gemma3_config.norm_weight(tensor, dtype)
         return tensor.to(dtype)
 
     state = {"embed_tokens.weight": get("embed_tokens.weight"), "norm.weight": get("norm.weight")}

@@ -58,10 +58,14 @@ static float sum_squares(const float *v, int64_t n) {
 }
 
 /* new_res = x + res (rounded to the dtype); out = rms_norm(new_res) * weight.
- * Without a residual (res == NULL) new_res is not written. */
+ * Without a residual (res == NULL) new_res is not written. weight_f32: the
+ * weight is float32 (Gemma's 1 + weight) and multiplies the float32
+ * normalised row, rounded once to the dtype (transformers' Gemma3RMSNorm);
+ * otherwise it is in the dtype and multiplies the row already rounded to the
+ * dtype (HF Llama). */
 void rms_norm_rows(const void *x, const void *res, const void *weight, void *out, void *new_res,
                    int64_t rows, int64_t hidden, int64_t sx, int64_t sr, int64_t so, int64_t sn,
-                   float eps, int dtype, int num_threads) {
+                   float eps, int dtype, int weight_f32, int num_threads) {
     int threads = rows * hidden >= 65536 ? num_threads : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
@@ -77,8 +81,8 @@ void rms_norm_rows(const void *x, const void *res, const void *weight, void *out
             store_row(new_res, r * sn, hidden, dtype, v);
         }
         float inv = 1.0f / sqrtf(sum_squares(v, hidden) / (float)hidden + eps);
-        load_row(weight, 0, hidden, dtype, w);
-        if (dtype)
+        load_row(weight, 0, hidden, weight_f32 ? 0 : dtype, w);
+        if (dtype && !weight_f32)
             for (int64_t i = 0; i < hidden; i++) v[i] = bf16_to_f32(f32_to_bf16(v[i] * inv)) * w[i];
         else
             for (int64_t i = 0; i < hidden; i++) v[i] = v[i] * inv * w[i];
@@ -186,6 +190,48 @@ void silu_and_mul_rows(const void *x, void *out, int64_t rows, int64_t inter, in
         load_row(x, r * sx, inter, dtype, g);
         load_row(x, r * sx + inter, inter, dtype, u);
         silu_inplace(g, inter);
+        if (dtype)
+            for (int64_t i = 0; i < inter; i++) g[i] = bf16_to_f32(f32_to_bf16(g[i])) * u[i];
+        else
+            for (int64_t i = 0; i < inter; i++) g[i] *= u[i];
+        store_row(out, r * so, inter, dtype, g);
+    }
+}
+
+/* g / (1 + exp(-2u)), u = sqrt(2/pi) * (g + 0.044715 g^3), in place: GELU's
+ * tanh form, 0.5 g (1 + tanh(u)), rewritten as g * sigmoid(2u) (the same
+ * value, and no cancellation in 1 + tanh(u) where tanh(u) is near -1).
+ * Vectorised as silu_inplace is, for the same reason. */
+static void gelu_tanh_inplace(float *restrict g, int64_t n) {
+    const float beta2 = 2.0f * 0.7978845608028654f, kappa = 0.044715f; /* 2 sqrt(2/pi) */
+    int64_t i = 0;
+#if defined(__AVX2__)
+    const __m256 one = _mm256_set1_ps(1.0f), vb = _mm256_set1_ps(-beta2), vk = _mm256_set1_ps(kappa);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(vk, cube));
+        __m256 e = exp_approx8(_mm256_mul_ps(vb, inner));
+        _mm256_storeu_ps(g + i, _mm256_div_ps(x, _mm256_add_ps(one, e)));
+    }
+#endif
+    for (; i < n; i++) {
+        float x = g[i], inner = x + kappa * (x * x * x);
+        g[i] = x / (1.0f + exp_approx(-beta2 * inner));
+    }
+}
+
+/* GELU(tanh)-and-multiply (Gemma's MLP): x: [T, 2I] with row stride sx (gate, then up); out: [T, I] with
+ * row stride so. bf16: the activation is rounded to bf16 before the product, as the reference's two ops do. */
+void gelu_tanh_and_mul_rows(const void *x, void *out, int64_t rows, int64_t inter, int64_t sx, int64_t so,
+                            int dtype, int num_threads) {
+    int threads = rows * inter >= 65536 ? num_threads : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float g[MAX_HIDDEN], u[MAX_HIDDEN];
+        load_row(x, r * sx, inter, dtype, g);
+        load_row(x, r * sx + inter, inter, dtype, u);
+        gelu_tanh_inplace(g, inter);
         if (dtype)
             for (int64_t i = 0; i < inter; i++) g[i] = bf16_to_f32(f32_to_bf16(g[i])) * u[i];
         else

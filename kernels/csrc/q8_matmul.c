@@ -1,19 +1,24 @@
 /* out[r, n] = sum_k x[r, k] * w[n, k] for a weight held as 8-bit blocks:
- * w[n, k] = codes[n, k] * scales[n, k / 32] (GGUF's Q8_0, kept as the file
- * has it). For the few rows of a decode step (the LM head of a tied-embedding
- * model at batch 1-8), where a dense bf16 GEMV streams twice the bytes.
+ * w[n, k] = codes[n, k] * scales[n, k / block], block 32 (GGUF's Q8_0, and
+ * Q5_0/Q4_0 shifted to signed codes) or 16 (Q6_K: a 6-bit code times its
+ * sub-block's scale d * sc). For the few rows of a decode step (the LM head
+ * of a tied-embedding model at batch 1-8, a layer at 1-4 rows), where a dense
+ * bf16 GEMV streams twice the bytes.
  *
  * x is float32 or bfloat16 ([rows, K], row stride sx elements), widened to
- * float32 once; codes int8 [N, K] contiguous; scales float32 [N, K / 32];
- * out float32 [rows, N] (row stride so). Each block's 32 codes are widened
- * to float32, scaled by the block's scale (exact: an int8 times an fp16
- * scale fits float32's mantissa), and multiplied into float32 accumulators,
- * one per input row, reduced once per output. So the result is the float32
- * product with the file's exact weights, up to summation order.
+ * float32 once; codes int8 [N, K] contiguous; scales float32 [N, K / block];
+ * out float32 or bfloat16 [rows, N] (row stride so; bf16: the float32 sum
+ * rounded once, to nearest even). Each block's codes are widened to float32,
+ * scaled by the block's scale (exact: an int8 times an fp16 scale, or an
+ * fp16 d times an int8 sc times an int8 code, fits float32's mantissa), and
+ * multiplied into float32 accumulators (one per input row, two on AVX2),
+ * reduced once per output; a row's order of sums never depends on the other
+ * rows (the batch-invariant mode's LM head relies on it). So the result is the float32 product with the file's exact
+ * weights, up to summation order.
  *
  * Rows are processed MAX_ROWS at a time; output channels are split across
- * OpenMP threads. Returns 0, or 1 when K is not a multiple of 32, 2 when out
- * of memory.
+ * OpenMP threads. Returns 0, or 1 when the block is not 16 or 32 or K not a
+ * multiple of it, 2 when out of memory.
  */
 
 #include <stdint.h>
@@ -25,17 +30,25 @@
 #include <immintrin.h>
 #endif
 
-#define Q8_BLOCK 32
+#define CHUNK 16 /* codes widened per step: one AVX-512 vector, two AVX2 ones */
 #define MAX_ROWS 8
+#define AVX2_ROWS 4 /* rows per pass over a row of codes in the AVX2 loop (2 accumulators each) */
 /* Prefetch the codes this many output rows ahead: the hardware prefetcher alone keeps the LM head's
  * stream of codes well below memory bandwidth; 16 rows ahead (9 KB for K = 576) was the best distance
  * measured. */
 #define PREFETCH_ROWS 16
 
+static inline void put(void *out, int64_t at, float value, int out_bf16) {
+    if (out_bf16)
+        ((uint16_t *)out)[at] = f32_to_bf16(value);
+    else
+        ((float *)out)[at] = value;
+}
+
 /* Outputs [n0, n1) for rows [0, rows) of xf (float32, contiguous [rows, K]). */
-static void q8_rows(const float *xf, const int8_t *codes, const float *scales, float *out, int64_t rows,
-                    int64_t n0, int64_t n1, int64_t n_total, int64_t k, int64_t so) {
-    int64_t blocks = k / Q8_BLOCK;
+static void q8_rows(const float *xf, const int8_t *codes, const float *scales, void *out, int64_t rows,
+                    int64_t n0, int64_t n1, int64_t n_total, int64_t k, int64_t so, int64_t block, int out_bf16) {
+    int64_t blocks = k / block, chunks_per_block = block / CHUNK;
     for (int64_t n = n0; n < n1; n++) {
         const int8_t *q = codes + n * k;
         const float *d = scales + n * blocks;
@@ -45,57 +58,69 @@ static void q8_rows(const float *xf, const int8_t *codes, const float *scales, f
         __m512 acc[MAX_ROWS];
         for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t b = 0; b < blocks; b++) {
-            __builtin_prefetch(ahead + b * Q8_BLOCK);
             __m512 scale = _mm512_set1_ps(d[b]);
-            __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(q + b * Q8_BLOCK)))), scale);
-            __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(q + b * Q8_BLOCK + 16)))), scale);
-            for (int64_t r = 0; r < rows; r++) {
-                const float *xr = xf + r * k + b * Q8_BLOCK;
-                acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
-                acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
+            for (int64_t c = 0; c < chunks_per_block; c++) {
+                int64_t at = b * block + c * CHUNK;
+                if (!(at & 31)) __builtin_prefetch(ahead + at);
+                __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(q + at)))), scale);
+                for (int64_t r = 0; r < rows; r++)
+                    acc[r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xf + r * k + at), acc[r]);
             }
         }
-        for (int64_t r = 0; r < rows; r++) out[r * so + n] = _mm512_reduce_add_ps(acc[r]);
+        for (int64_t r = 0; r < rows; r++) put(out, r * so + n, _mm512_reduce_add_ps(acc[r]), out_bf16);
 #elif defined(__AVX2__) && defined(__FMA__)
-        __m256 acc[MAX_ROWS];
-        for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; b++) {
-            __builtin_prefetch(ahead + b * Q8_BLOCK);
-            __m256 scale = _mm256_set1_ps(d[b]);
-            __m256 w[4];
-            for (int j = 0; j < 4; j++)
-                w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(q + b * Q8_BLOCK + 8 * j)))), scale);
-            for (int64_t r = 0; r < rows; r++) {
-                const float *xr = xf + r * k + b * Q8_BLOCK;
-                for (int j = 0; j < 4; j++) acc[r] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(xr + 8 * j), acc[r]);
+        /* Two accumulators per row (one per 8 codes of a chunk): one chain of dependent FMAs per row let
+         * the FMA latency, not the loads, set the pace at one row. Rows go AVX2_ROWS at a time so that the
+         * accumulators stay in the 16 registers; a row's sums are the same whatever the row count. */
+        for (int64_t g0 = 0; g0 < rows; g0 += AVX2_ROWS) {
+            int64_t count = rows - g0 < AVX2_ROWS ? rows - g0 : AVX2_ROWS;
+            __m256 acc0[AVX2_ROWS], acc1[AVX2_ROWS];
+            for (int64_t r = 0; r < count; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < blocks; b++) {
+                __m256 scale = _mm256_set1_ps(d[b]);
+                for (int64_t c = 0; c < chunks_per_block; c++) {
+                    int64_t at = b * block + c * CHUNK;
+                    if (!(at & 31)) __builtin_prefetch(ahead + at);
+                    __m256 w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                        _mm_loadl_epi64((const __m128i *)(q + at)))), scale);
+                    __m256 w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                        _mm_loadl_epi64((const __m128i *)(q + at + 8)))), scale);
+                    for (int64_t r = 0; r < count; r++) {
+                        const float *xr = xf + (g0 + r) * k + at;
+                        acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), acc0[r]);
+                        acc1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), acc1[r]);
+                    }
+                }
             }
-        }
-        for (int64_t r = 0; r < rows; r++) {
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            out[r * so + n] = _mm_cvtss_f32(s);
+            for (int64_t r = 0; r < count; r++) {
+                __m256 a = _mm256_add_ps(acc0[r], acc1[r]);
+                __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+                s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                put(out, (g0 + r) * so + n, _mm_cvtss_f32(s), out_bf16);
+            }
         }
 #else
-        float acc[MAX_ROWS][16];
+        float acc[MAX_ROWS][CHUNK];
         for (int64_t r = 0; r < rows; r++)
-            for (int j = 0; j < 16; j++) acc[r][j] = 0.0f;
+            for (int j = 0; j < CHUNK; j++) acc[r][j] = 0.0f;
         for (int64_t b = 0; b < blocks; b++) {
-            __builtin_prefetch(ahead + b * Q8_BLOCK);
-            float w[Q8_BLOCK];
-            for (int j = 0; j < Q8_BLOCK; j++) w[j] = (float)q[b * Q8_BLOCK + j] * d[b];
-            for (int64_t r = 0; r < rows; r++) {
-                const float *xr = xf + r * k + b * Q8_BLOCK;
-                for (int j = 0; j < 16; j++) acc[r][j] += w[j] * xr[j] + w[j + 16] * xr[j + 16];
+            for (int64_t c = 0; c < chunks_per_block; c++) {
+                int64_t at = b * block + c * CHUNK;
+                if (!(at & 31)) __builtin_prefetch(ahead + at);
+                float w[CHUNK];
+                for (int j = 0; j < CHUNK; j++) w[j] = (float)q[at + j] * d[b];
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *xr = xf + r * k + at;
+                    for (int j = 0; j < CHUNK; j++) acc[r][j] += w[j] * xr[j];
+                }
             }
         }
         for (int64_t r = 0; r < rows; r++) {
             float total = 0.0f;
-            for (int j = 0; j < 16; j++) total += acc[r][j];
-            out[r * so + n] = total;
+            for (int j = 0; j < CHUNK; j++) total += acc[r][j];
+            put(out, r * so + n, total, out_bf16);
         }
 #endif
     }
@@ -112,12 +137,13 @@ int q8_matmul_isa(void) {
 #endif
 }
 
-int q8_matmul(const void *x, const int8_t *codes, const float *scales, float *out, int64_t rows, int64_t n,
-              int64_t k, int64_t sx, int64_t so, int dtype, int num_threads) {
-    if (k % Q8_BLOCK) return 1;
+int q8_matmul(const void *x, const int8_t *codes, const float *scales, void *out, int64_t rows, int64_t n,
+              int64_t k, int64_t sx, int64_t so, int dtype, int out_dtype, int64_t block, int num_threads) {
+    if ((block != 16 && block != 32) || k % block) return 1;
     if (rows <= 0 || n <= 0) return 0;
     float *xf = malloc((size_t)(rows < MAX_ROWS ? rows : MAX_ROWS) * (size_t)k * sizeof(float));
     if (!xf) return 2;
+    size_t out_size = out_dtype ? 2 : 4;
     for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
         int64_t count = rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS;
         for (int64_t r = 0; r < count; r++) {
@@ -128,13 +154,14 @@ int q8_matmul(const void *x, const int8_t *codes, const float *scales, float *ou
                 memcpy(xf + r * k, (const float *)x + (r0 + r) * sx, (size_t)k * sizeof(float));
             }
         }
+        void *out_rows = (char *)out + (size_t)(r0 * so) * out_size;
         /* chunks of 64 outputs: a chunk's codes (64 x K bytes) stream while x stays in L1 */
         int64_t chunks = (n + 63) / 64;
         int threads = n * k >= (1 << 18) ? num_threads : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t c = 0; c < chunks; c++) {
             int64_t lo = c * 64, hi = lo + 64 < n ? lo + 64 : n;
-            q8_rows(xf, codes, scales, out + r0 * so, count, lo, hi, n, k, so);
+            q8_rows(xf, codes, scales, out_rows, count, lo, hi, n, k, so, block, out_dtype);
         }
     }
     free(xf);

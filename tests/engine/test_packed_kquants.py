@@ -1,4 +1,5 @@
-"""Gemma 3's packed decode paths: Q8_0/Q5_0/Q4_0 layers as exact int8 blocks (kernels/q8_matmul_cpu.py) and
+"""Gemma 3's packed decode paths: Q8_0/Q5_0/Q4_0 layers as exact int8 blocks of 32 and Q6_K ones as exact int8
+blocks of 16 (kernels/q8_matmul_cpu.py) and
 Q4_K layers as exact int4 groups, against gguf's own dequantizer; a tiny Gemma 3 GGUF whose decode logits with
 the packed copies agree with the dense ones; the real Gemma 3 270M file loads with them attached."""
 
@@ -37,6 +38,40 @@ def test_int8_blocks_equal_gguf_dequantize(qtype):
         low, high = {Q.Q8_0: (-128, 127), Q.Q5_0: (-16, 15), Q.Q4_0: (-8, 7)}[qtype]
         assert low <= int(blocks.codes.min()) and int(blocks.codes.max()) <= high
         np.testing.assert_array_equal(blocks.dequantize().numpy(), gguf_dequantize(raw, qtype))  # bit-identical
+
+
+def test_q6_k_int8_blocks_of_16_equal_gguf_dequantize():
+    """Q6_K: codes q6-32 (-32..31) in sub-blocks of 16, each with its scale d*sc: the same float32 weights
+    as gguf's dequantizer (and our dense one), bit for bit."""
+    from inference.engine.dequant import dequantize
+
+    raw = random_blocks(Q.Q6_K, rows=8, blocks_per_row=3, seed=11)
+    blocks = int8_blocks(raw, Q.Q6_K, (8, 768))
+    assert blocks.codes.dtype == torch.int8 and blocks.scales.shape == (8, 48)
+    assert -32 <= int(blocks.codes.min()) and int(blocks.codes.max()) <= 31
+    np.testing.assert_array_equal(blocks.dequantize().numpy(), gguf_dequantize(raw, Q.Q6_K).reshape(8, 768))
+    assert torch.equal(blocks.dequantize(), dequantize(raw, Q.Q6_K, (8, 768)))
+
+
+@needs_int8
+def test_q6_k_layer_reads_its_int8_blocks():
+    n, k = 640, 2048  # Gemma 3 270M's ffn_down
+    raw = random_blocks(Q.Q6_K, rows=n, blocks_per_row=k // 256, seed=5)
+    blocks = int8_blocks(raw, Q.Q6_K, (n, k))
+    layer = Linear(k, n, bias=False, dtype=torch.bfloat16).requires_grad_(False)
+    layer.weight.copy_(blocks.dequantize())
+    assert layer.attach_int8(blocks)
+    x = torch.randn(packed_linear.INT8_LAYER_MAX_ROWS, k, dtype=torch.bfloat16)
+    out = layer(x)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, q8_matmul_cpu(x, blocks.codes, blocks.scales).bfloat16())
+    exact = x.double() @ blocks.dequantize().double().t()
+    torch.testing.assert_close(out.double(), exact, rtol=1e-2, atol=1e-2 * float(exact.abs().max()))
+
+
+def test_int8_blocks_of_32_and_16_do_not_join():
+    assert Int8Blocks.cat([Int8Blocks(torch.zeros(2, 64, dtype=torch.int8), torch.ones(2, 2)),
+                           Int8Blocks(torch.zeros(2, 64, dtype=torch.int8), torch.ones(2, 4))]) is None
 
 
 def test_int8_blocks_refuse_other_types():
@@ -161,7 +196,9 @@ def test_real_gemma3_loads_with_the_packed_paths():
     kinds = _packed_kinds(loaded.model)
     if not packed_linear.int8_supported(torch.device("cpu"), torch.bfloat16):
         pytest.skip("the native CPU kernels are unavailable")
-    # qkv (Q5_0, Q5_0, Q8_0) and gate_up (Q5_0) as int8; o_proj (Q4_K) and the Q4_K half of ffn_down as int4
-    assert kinds["int8"] == 2 * layers
-    assert kinds["int4"] + kinds["dense"] == 2 * layers and kinds["int4"] >= layers
+    # qkv (Q5_0, Q5_0, Q8_0) and gate_up (Q5_0) as int8 blocks of 32, the Q6_K half of ffn_down as blocks of 16;
+    # o_proj (Q4_K) and the Q4_K half of ffn_down as int4
+    int4 = packed_linear.int4_supported(torch.device("cpu"), torch.bfloat16)
+    assert kinds == ({"int8": 2 * layers + layers // 2, "int4": layers + layers // 2} if int4
+                     else {"int8": 2 * layers + layers // 2, "dense": layers + layers // 2})
     assert loaded.model.output_int8 is not None

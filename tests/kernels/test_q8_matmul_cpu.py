@@ -11,10 +11,10 @@ from kernels import q8_matmul_cpu as q8
 pytestmark = pytest.mark.skipif(q8.library() is None, reason="no C compiler: the native CPU kernels cannot be built")
 
 
-def _case(rows: int, n: int, k: int, dtype: torch.dtype, seed: int = 0):
+def _case(rows: int, n: int, k: int, dtype: torch.dtype, seed: int = 0, block: int = q8.BLOCK):
     g = torch.Generator().manual_seed(seed + rows * 7 + n + k)
     codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
-    scales = (torch.rand(n, k // q8.BLOCK, generator=g) * 0.02).half().float()  # fp16 scales, as in a file
+    scales = (torch.rand(n, k // block, generator=g) * 0.02).half().float()  # fp16 scales, as in a file
     x = (torch.randn(rows, k, generator=g) * 2).to(dtype)
     return x, codes, scales
 
@@ -22,7 +22,8 @@ def _case(rows: int, n: int, k: int, dtype: torch.dtype, seed: int = 0):
 def _check(out: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
     """Within float32 summation error of the float64 product (bounded by sum |x| |w| * K * eps)."""
     n, k = codes.shape
-    weight = (codes.double().view(n, k // q8.BLOCK, q8.BLOCK) * scales.double().unsqueeze(-1)).view(n, k)
+    block = k // scales.shape[1]
+    weight = (codes.double().view(n, k // block, block) * scales.double().unsqueeze(-1)).view(n, k)
     exact = x.double() @ weight.t()
     bound = (x.double().abs() @ weight.abs().t()) * (k * 2.0 ** -24) + 1e-30
     assert out.dtype == torch.float32 and out.shape == exact.shape
@@ -37,6 +38,26 @@ def test_matches_the_exact_product(dtype, rows, n, k):
     _check(q8.q8_matmul_cpu(x, codes, scales), x, codes, scales)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows,n,k", [(1, 1, 16), (1, 200, 640), (3, 65, 48), (8, 64, 2048), (9, 130, 80)])
+def test_blocks_of_16_match_the_exact_product(dtype, rows, n, k):
+    """Q6_K's sub-blocks: a scale per 16 codes."""
+    x, codes, scales = _case(rows, n, k, dtype, block=16)
+    assert q8.block_of(codes, scales) == 16
+    _check(q8.q8_matmul_cpu(x, codes, scales), x, codes, scales)
+
+
+@pytest.mark.parametrize("block", [16, 32])
+@pytest.mark.parametrize("rows", [1, 4, 11])
+def test_bf16_output_is_the_float32_result_rounded_once(block, rows):
+    x, codes, scales = _case(rows, 96, 320, torch.bfloat16, block=block)
+    want = q8.q8_matmul_cpu(x, codes, scales).to(torch.bfloat16)
+    got = q8.q8_matmul_cpu(x, codes, scales, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    wide = torch.cat((x, x), dim=1)[:, :320]  # strided rows
+    assert torch.equal(q8.q8_matmul_cpu(wide, codes, scales, torch.bfloat16), want)
+
+
 def test_strided_rows_and_the_reference():
     x, codes, scales = _case(5, 70, 160, torch.bfloat16)
     wide = torch.cat((x, torch.ones(5, 32, dtype=x.dtype)), dim=1)[:, :160]  # row stride 192
@@ -48,8 +69,10 @@ def test_strided_rows_and_the_reference():
 
 def test_bad_inputs_raise():
     x, codes, scales = _case(2, 8, 64, torch.float32)
-    with pytest.raises(ValueError, match="multiple of 32"):
+    with pytest.raises(ValueError, match="multiple of the block"):
         q8.q8_matmul_cpu(x[:, :48], codes[:, :48], scales[:, :1])
+    with pytest.raises(ValueError, match="multiple of the block"):  # blocks of 8: not a kernel's
+        q8.q8_matmul_cpu(x, codes, torch.ones(8, 8))
     with pytest.raises(ValueError, match="do not match"):
         q8.q8_matmul_cpu(x[:, :32], codes, scales)
     with pytest.raises(ValueError, match="int8"):
@@ -79,12 +102,24 @@ def test_narrower_builds_match(fresh_loader, kernel_config, isa, extra):
     kernel_config(cc=f"{cpu_native.find_compiler()} {extra}")
     assert q8.library().q8_matmul_isa() == isa
     for dtype in (torch.float32, torch.bfloat16):
-        for rows, n, k in ((1, 100, 576), (9, 65, 96)):
-            x, codes, scales = _case(rows, n, k, dtype, seed=isa)
+        for rows, n, k, block in ((1, 100, 576, 32), (9, 65, 96, 32), (2, 33, 80, 16)):
+            x, codes, scales = _case(rows, n, k, dtype, seed=isa, block=block)
             _check(q8.q8_matmul_cpu(x, codes, scales), x, codes, scales)
+            assert torch.equal(q8.q8_matmul_cpu(x, codes, scales, torch.bfloat16),
+                               q8.q8_matmul_cpu(x, codes, scales).to(torch.bfloat16))
 
 
 def test_the_default_build_uses_the_widest_loops():
     flags = set(_flags())
     expected = 2 if "avx512f" in flags else 1 if {"avx2", "fma"} <= flags else 0
     assert q8.library().q8_matmul_isa() == expected
+
+
+@pytest.mark.parametrize("block", [16, 32])
+def test_a_rows_result_does_not_depend_on_the_row_count(block):
+    """The batch-invariant mode's LM head (inference.engine.invariant_mode) reads these rows: each row's sums
+    keep one order whatever the rows beside it (1-9 rows: one and two passes of MAX_ROWS)."""
+    x, codes, scales = _case(9, 70, 192, torch.bfloat16, block=block)
+    alone = torch.cat([q8.q8_matmul_cpu(x[i:i + 1], codes, scales) for i in range(9)])
+    for rows in range(1, 10):
+        assert torch.equal(q8.q8_matmul_cpu(x[:rows], codes, scales), alone[:rows]), rows
