@@ -12,7 +12,7 @@ Client -> server
 Server -> client
   {"type": "authenticated", "tenant": slug, "tier": name}
   {"type": "chunk", "id", "data": <chunk object>}
-  {"type": "done", "id", "finish_reason": "stop" | "length" | "abort", "usage": <OpenAI usage> | null}
+  {"type": "done", "id", "finish_reason": "stop" | "length" | "tool_calls" | "abort", "usage": <usage> | null}
   {"type": "error", "id"?: ..., "error": {"message", "type", "param", "code"}}
   {"type": "pong"}
 
@@ -230,7 +230,7 @@ class RealtimeConsumer(AsyncJsonWebsocketConsumer):
                 async for chunk in chunks:
                     await self._send({"type": "chunk", "id": client_id, "data": chunk})
             done = run.done
-            await self._send({"type": "done", "id": client_id, "finish_reason": done.finish_reason,
+            await self._send({"type": "done", "id": client_id, "finish_reason": builder.finish_reason or done.finish_reason,
                               "usage": usage_body(done.usage)})
         except asyncio.CancelledError:
             if entry.cancel_requested:  # cancelled by the client (no engine answer in time)

@@ -209,8 +209,9 @@ def events_lost(run: JobRun) -> EventsLost:
 
 async def job_chunks(run: JobRun, builder: ResponseBuilder, *, keepalive: bool = False) -> AsyncIterator[dict | None]:
     """The response chunks of one job, in order: the role chunk (chat; sent with the first event, whose
-    `system_fingerprint` every chunk then carries), a content chunk per `Delta` with text or logprobs,
-    the finish chunk, then the usage chunk when `builder.include_usage`; with `keepalive`, None after
+    `system_fingerprint` every chunk then carries), a content chunk per `Delta` with text or logprobs
+    (with tools: content and `delta.tool_calls` as the parser lets them out, and what it held back at the
+    end), the finish chunk, then the usage chunk when `builder.include_usage`; with `keepalive`, None after
     each idle interval (settings.SSE_KEEPALIVE_S).
 
     Leaving early cancels the job (JobRun's context). A job that failed raises
@@ -233,7 +234,9 @@ async def job_chunks(run: JobRun, builder: ResponseBuilder, *, keepalive: bool =
                 if first is not None:
                     yield first
             if type(event) is Delta and (event.text or event.logprobs):
-                yield builder.delta_chunk(text=event.text, logprobs=event.logprobs)
+                chunk = builder.delta_chunk(text=event.text, logprobs=event.logprobs)
+                if chunk is not None:  # None: a tool parser holds the text back (a call's tag may be starting)
+                    yield chunk
     done = run.done
     if run.missing is not None:
         raise events_lost(run)
@@ -246,6 +249,9 @@ async def job_chunks(run: JobRun, builder: ResponseBuilder, *, keepalive: bool =
     error = done_error(done, endpoint=builder.endpoint, max_tokens_param=builder.max_tokens_param)
     if error is not None:
         raise error
-    yield builder.finish_chunk(finish_reason=done.finish_reason, timing=done.timing)
+    tail, finish_reason = builder.tools_finish(finish_reason=done.finish_reason)
+    if tail is not None:
+        yield tail
+    yield builder.finish_chunk(finish_reason=finish_reason, timing=done.timing)
     if builder.include_usage:
         yield builder.usage_chunk(usage=done.usage)

@@ -16,7 +16,7 @@ from inference.api.schemas import (
     MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, MAX_USER_CHARS, SEED_MAX, SEED_MIN,
     SERVICE_TIERS,
 )
-from inference.engine.structured_spec import MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH
+from inference.engine.structured_spec import MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH, MAX_TOOL_CALLS, MAX_TOOLS
 from tenants.openapi import COMPONENTS as TENANTS_COMPONENTS
 from tenants.openapi import ref
 
@@ -90,14 +90,53 @@ _COMMON_FIELDS = {
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
-_MESSAGE = {
-    "type": "object",
-    "required": ["role", "content"],
-    "properties": {
-        "role": {"enum": ["system", "developer", "user", "assistant"]},
-        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
-        "name": {"type": "string"},
-    },
+_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}
+_TOOL_NAME = {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}
+_TOOL_CALL = {  # an assistant message's call, and (with `index`) a streamed delta's
+    "type": "object", "required": ["id", "type", "function"],
+    "properties": {"id": {"type": "string", "minLength": 1, "maxLength": 256}, "type": {"const": "function"},
+                   "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+                       "name": {"type": "string"},
+                       "arguments": {"type": "string", "description": "The arguments, a JSON object as text."}}}},
+}
+# Messages (inference.api.schemas._messages, inference.api.tool_calls.ToolHistory): a tool message answers a
+# call of the assistant message before it, and every call is answered before the conversation goes on.
+_MESSAGE = {"anyOf": [
+    {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"enum": ["system", "developer", "user"]}, "content": _CONTENT, "name": {"type": "string"}}},
+    {"type": "object", "required": ["role"], "properties": {
+        "role": {"const": "assistant"}, "content": {"anyOf": [{"type": "null"}, *_CONTENT["anyOf"]]},
+        "name": {"type": "string"}, "tool_calls": {"type": ["array", "null"], "items": _TOOL_CALL}}},
+    {"type": "object", "required": ["role", "content", "tool_call_id"], "properties": {
+        "role": {"const": "tool"}, "content": _CONTENT, "tool_call_id": {"type": "string"}}},
+]}
+_TOOL = {
+    "type": "object", "required": ["type", "function"],
+    "properties": {"type": {"const": "function"}, "function": {
+        "type": "object", "required": ["name"],
+        "properties": {
+            "name": _TOOL_NAME, "description": {"type": ["string", "null"]},
+            "parameters": {"type": ["object", "null"], "description": (
+                "A JSON Schema of type object (default: no parameters); at most "
+                f"{MAX_SCHEMA_CHARS} characters of JSON and {MAX_SCHEMA_DEPTH} levels. With a forced "
+                "tool_choice it is compiled before admission: a schema the grammar cannot read is a 400 (param "
+                "tools[i].function.parameters).")},
+            "strict": {"type": ["boolean", "null"]},
+        }}},
+}
+_TOOL_FIELDS = {
+    "tools": {"type": ["array", "null"], "maxItems": MAX_TOOLS, "items": _TOOL, "description": (
+        "Functions the model may call (README: Tool calling); listed in the prompt in the model's own tool "
+        "format, else a generic <tool_call> format. Function names are unique.")},
+    "tool_choice": {"description": "Only with tools. auto (default): the model answers or calls; none: it "
+                    "answers; required, or a named function: a call is forced by the grammar.",
+                    "anyOf": [{"type": "null"}, {"enum": ["none", "auto", "required"]},
+                              {"type": "object", "required": ["type", "function"], "properties": {
+                                  "type": {"const": "function"},
+                                  "function": {"type": "object", "required": ["name"],
+                                               "properties": {"name": _TOOL_NAME}}}}]},
+    "parallel_tool_calls": {"type": ["boolean", "null"], "description": "Only with tools. false: at most one "
+                            f"call per reply (default true: at most {MAX_TOOL_CALLS})."},
 }
 _USAGE = {
     "type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
@@ -105,7 +144,7 @@ _USAGE = {
                    "total_tokens": {"type": "integer"},
                    "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}}},
 }
-_FINISH = {"enum": ["stop", "length", "abort", "error", None]}
+_FINISH = {"enum": ["stop", "length", "tool_calls", "abort", "error", None]}
 
 
 def _completion_object(kind: str, choice: dict) -> dict:
@@ -149,6 +188,7 @@ COMPONENTS = {
             "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
                              "description": "Needs logprobs: true."},
             "modalities": {"type": ["array", "null"], "items": {"const": "text"}},
+            **_TOOL_FIELDS,
         },
     },
     "CompletionRequest": {
@@ -173,8 +213,24 @@ COMPONENTS = {
                        "logprobs": {"type": ["object", "null"]},
                        "message": {"type": "object", "required": ["role", "content"],
                                    "properties": {"role": {"const": "assistant"},
-                                                  "content": {"type": ["string", "null"]},
-                                                  "refusal": {"type": ["string", "null"]}}}},
+                                                  "content": {"type": ["string", "null"], "description":
+                                                              "null when the reply is only tool calls"},
+                                                  "refusal": {"type": ["string", "null"]},
+                                                  "tool_calls": {"type": "array", "items": _TOOL_CALL}}}},
+    }),
+    "ChatCompletionChunk": _completion_object("chat.completion.chunk", {
+        "description": "A streamed chat chunk (each `data:` event of stream: true). A call's first "
+                       "`delta.tool_calls` entry has index, id, type and function.name (arguments \"\"); the "
+                       "next ones index and function.arguments pieces; the last chunk's finish_reason is "
+                       "tool_calls.",
+        "type": "object", "required": ["index", "delta", "finish_reason"],
+        "properties": {"index": {"type": "integer"}, "finish_reason": _FINISH,
+                       "logprobs": {"type": ["object", "null"]},
+                       "delta": {"type": "object", "properties": {
+                           "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
+                           "tool_calls": {"type": "array", "items": {
+                               "type": "object", "required": ["index"],
+                               "properties": {"index": {"type": "integer"}, **_TOOL_CALL["properties"]}}}}}},
     }),
     "TextCompletion": _completion_object("text_completion", {
         "type": "object", "required": ["index", "text", "finish_reason"],
@@ -188,7 +244,8 @@ COMPONENTS = {
 # quiet, then `data: [DONE]`; an error after the stream began is one `data: {"error": ...}` event.
 _STREAM = {"text/event-stream": {"schema": {
     "type": "object", "required": ["data"],
-    "properties": {"data": {"type": "string", "description": "A chunk object as JSON, or [DONE]"},
+    "properties": {"data": {"type": "string", "description": "A chunk object as JSON (chat: "
+                            "#/components/schemas/ChatCompletionChunk), or [DONE]"},
                    "event": {"type": "string"}},
 }}}
 

@@ -127,15 +127,21 @@ def response_format_future(spec: StructuredOutput) -> Future:
     return future
 
 
+async def astructured_check(*, spec: StructuredOutput) -> None:
+    """Raise EngineValidationError when the engine would refuse `spec` (cached, off the event loop). Also
+    what inference.api.tool_calls.atools_check runs for each forced function's parameters."""
+    spec.validate()
+    future = response_format_future(spec)
+    if future.done():  # a cache hit: no hop through the loop
+        future.result()
+    else:
+        await asyncio.shield(asyncio.wrap_future(future))  # a cancelled request leaves the compile to the cache
+
+
 async def aresponse_format_check(*, spec: StructuredOutput) -> None:
     """Raise InvalidRequest (param `response_format`) when the engine would refuse `spec`'s schema."""
     try:
-        spec.validate()
-        future = response_format_future(spec)
-        if future.done():  # a cache hit: no hop through the loop
-            future.result()
-        else:
-            await asyncio.shield(asyncio.wrap_future(future))  # a cancelled request leaves the compile to the cache
+        await astructured_check(spec=spec)
     except EngineValidationError as exc:
         raise InvalidRequest(exc.message, param=exc.param or PARAM, code="invalid_value") from None
 

@@ -1,6 +1,12 @@
 """Response objects in OpenAI's shapes: `chat.completion`, `chat.completion.chunk`,
 `text_completion` (whole and streamed), and `usage`.
 
+A chat with tools (tool_choice not "none") reads its reply's text with a
+ToolCallParser (inference.api.tool_parser): `message.tool_calls` (`content`
+null when the reply is only calls) and `finish_reason: "tool_calls"`; streamed,
+`delta.tool_calls` entries in OpenAI's shape (a call's first entry: index, id,
+type, function.name and arguments ""; then index and function.arguments pieces).
+
 `service_tier` says how the request was scheduled, in OpenAI's vocabulary (the
 SDK's types are a closed set, so a tier name like "pro" would fail strict
 clients): tiers with engine priority 0 (enterprise) answer "priority", 1 (pro)
@@ -15,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from inference.api.schemas import CHAT
+from inference.api.tool_parser import ToolCallParser
 from inference.protocol import Timing, Usage
 
 FINGERPRINT_VERSION = "llm-platform-1"
@@ -128,6 +135,11 @@ class ResponseBuilder:
     # the worker's (its engine's weights, dtype, kernels, batch invariance, version; inference.protocol.Delta),
     # set from the first delta; None: the model-name fallback above
     system_fingerprint: str | None = None
+    # chat with tools (tool_choice not "none"): the reply's text read for calls (inference.api.tool_parser);
+    # content and `delta.tool_calls` come from it, and `tools_finish` ends it
+    tool_parser: ToolCallParser | None = None
+    finish_reason: str | None = None  # set by finish_chunk ("tool_calls" in place of "stop" when calls came)
+    _message: dict | None = None  # the parser's whole message, once it finished
     _offset: int = field(default=0)
     _texts: list[str] = field(default_factory=list)
     _entries: list[dict] = field(default_factory=list)
@@ -165,12 +177,11 @@ class ResponseBuilder:
         self._offset = 0
         lp = self._logprobs(logprobs if self.want_logprobs else None)
         if self.is_chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None, "annotations": []},
-                "logprobs": lp,
-                "finish_reason": finish_reason,
-            }
+            message = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
+            if self._message is not None and self._message.get("tool_calls"):
+                message["content"] = self._message["content"]
+                message["tool_calls"] = self._message["tool_calls"]
+            choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish_reason}
         else:
             choice = {"text": text, "index": 0, "logprobs": lp, "finish_reason": finish_reason}
         body["choices"] = [choice]
@@ -178,7 +189,9 @@ class ResponseBuilder:
         return body
 
     def collected(self, *, finish_reason: str, usage: Usage | None) -> dict:
-        """The whole response of the content chunks made so far (with `collect`)."""
+        """The whole response of the content chunks made so far (with `collect`); the finish reason of
+        `finish_chunk` when it was made (with tools: "tool_calls" for "stop" when the reply made calls)."""
+        finish_reason = self.finish_reason or finish_reason
         return self.completion(text="".join(self._texts), finish_reason=finish_reason, usage=usage,
                                logprobs=self._entries if self.want_logprobs else None)
 
@@ -198,17 +211,43 @@ class ResponseBuilder:
             [{"index": 0, "delta": {"role": "assistant", "content": "", "refusal": None}, "logprobs": None, "finish_reason": None}]
         )
 
-    def delta_chunk(self, *, text: str, logprobs: list[dict] | None = None) -> dict:
+    def delta_chunk(self, *, text: str, logprobs: list[dict] | None = None) -> dict | None:
+        """The chunk of one delta's text; with `tool_parser`, of what the parser lets out of it (content
+        and `delta.tool_calls` entries): None when that is nothing and there are no logprobs."""
+        calls: list[dict] = []
+        if self.tool_parser is not None:
+            text, calls = self.tool_parser.feed(text)
+            if not text and not calls and not (logprobs and self.want_logprobs):
+                return None
         if self.collect:
             self._texts.append(text)
             if logprobs:
                 self._entries.extend(logprobs)
         lp = self._logprobs(logprobs)
         if self.is_chat:
-            return self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}])
+            delta = {"content": text} if text or not calls else {}
+            if calls:
+                delta["tool_calls"] = calls
+            return self._chunk([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}])
         return self._chunk([{"text": text, "index": 0, "logprobs": lp, "finish_reason": None}])
 
+    def tools_finish(self, *, finish_reason: str) -> tuple[dict | None, str]:
+        """(the chunk of what the tool parser held back, or None; the finish reason to report): "tool_calls"
+        in place of "stop" when the reply made calls. Without `tool_parser`: (None, finish_reason)."""
+        if self.tool_parser is None:
+            return None, finish_reason
+        text, calls, self._message, finish_reason = self.tool_parser.finish(finish_reason)
+        if not text and not calls:
+            return None, finish_reason
+        if self.collect:
+            self._texts.append(text)
+        delta = {"content": text} if text else {}
+        if calls:
+            delta["tool_calls"] = calls
+        return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]), finish_reason
+
     def finish_chunk(self, *, finish_reason: str, timing: Timing | None = None) -> dict:
+        self.finish_reason = finish_reason
         if self.is_chat:
             body = self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
         else:
@@ -226,6 +265,8 @@ class ResponseBuilder:
 
 def response_builder(*, prepared) -> ResponseBuilder:
     request = prepared.request
+    tools = request.tools
+    parser = ToolCallParser(tools.names, max_calls=tools.max_calls) if request.parses_tool_calls else None
     return ResponseBuilder(
         endpoint=request.endpoint,
         request_id=prepared.request_id,
@@ -237,4 +278,5 @@ def response_builder(*, prepared) -> ResponseBuilder:
         want_logprobs=request.logprobs is not None,
         max_tokens_param=request.max_tokens_param,
         collect=not request.stream,
+        tool_parser=parser,
     )

@@ -3,10 +3,16 @@
 Plain functions rather than DRF serializers: the views are async, and every
 failure must name the exact OpenAI parameter (`param`, e.g. `messages[2].role`).
 Unknown fields are ignored, as OpenAI does; fields we know but cannot honour
-(n > 1, tools, echo, audio...) are refused with a 400 instead of being
-silently dropped. `response_format` (text, json_object, json_schema:
-inference.api.response_format) is honoured on both endpoints (on
-/v1/completions as an extension, as vLLM's). Ranges agree with
+(n > 1, the legacy functions/function_call, echo, audio...) are refused with a
+400 instead of being silently dropped. `response_format` (text, json_object,
+json_schema: inference.api.response_format) is honoured on both endpoints (on
+/v1/completions as an extension, as vLLM's); `tools`, `tool_choice`,
+`parallel_tool_calls` and the messages that carry calls back (assistant
+`tool_calls`, role `tool`) on chat (inference.api.tool_calls). A forced
+tool_choice (`required`, a named function) together with a `response_format`:
+both are validated, and the forced call wins (its grammar constrains the
+reply); with `auto` the response_format constrains the reply (the model can
+then not call a tool). Ranges agree with
 `SamplingParams.validate`, which the service runs again once the
 vocabulary size is known.
 """
@@ -20,6 +26,7 @@ from typing import Any
 
 from inference.api.fields import Fields, brief, invalid, is_int, is_number, num, text_check, type_error
 from inference.api.response_format import response_format_parse
+from inference.api.tool_calls import ToolHistory, ToolSpec, parse_tools
 from inference.engine.structured_spec import StructuredOutput
 
 CHAT = "chat.completions"
@@ -34,7 +41,7 @@ MAX_MESSAGES = 4096
 MAX_USER_CHARS = 512
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 SERVICE_TIERS = ("auto", "default", "flex", "priority", "scale")
-ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _TOKEN_ID_RE = re.compile(r"\d{1,9}")
 
 
@@ -44,7 +51,8 @@ class ApiRequest:
 
     endpoint: str
     model: str
-    messages: list[dict[str, str]] | None = None  # chat: [{"role", "content"}], roles normalised
+    # chat: [{"role", "content"}], roles normalised; assistant calls and tool results as ToolHistory writes them
+    messages: list[dict] | None = None
     prompt: str | None = None  # completions: text prompt
     prompt_token_ids: list[int] | None = None  # completions: pre-tokenised prompt
     max_tokens: int | None = None  # None: the remaining context, capped by the tier
@@ -58,10 +66,22 @@ class ApiRequest:
     service_tier: str | None = None
     # response_format as the engine's StructuredOutput (also in `sampling`); None: free text
     response_format: StructuredOutput | None = None
+    tools: ToolSpec | None = None  # chat: tools, tool_choice, parallel_tool_calls; None: no tools
+    tool_history: bool = False  # chat: the messages hold assistant tool calls or tool results
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.endpoint == CHAT else "prompt"
+
+    @property
+    def tool_prompt(self) -> bool:
+        """The prompt is rendered with inference.api.tool_prompt (tools, or calls in the history)."""
+        return self.tools is not None or self.tool_history
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """The reply is read for calls (inference.api.tool_parser): tools given, tool_choice not "none"."""
+        return self.tools is not None and self.tools.choice != "none"
 
 
 def api_param(param: str | None, *, endpoint: str, max_tokens_param: str = "max_tokens") -> str | None:
@@ -252,7 +272,8 @@ def _message_content(message: dict, index: int, role: str) -> str:
     return "".join(texts)
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
+def _messages(body: dict) -> tuple[list[dict], bool]:
+    """(the messages normalised, whether they hold tool calls or tool results)."""
     messages = body.get("messages")
     if messages is None:
         raise invalid("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
@@ -262,7 +283,7 @@ def _messages(body: dict) -> list[dict[str, str]]:
         raise invalid("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.", "messages", "empty_array")
     if len(messages) > MAX_MESSAGES:
         raise invalid(f"Invalid 'messages': at most {MAX_MESSAGES} messages are allowed.", "messages")
-    normalised = []
+    normalised, history, with_tools = [], ToolHistory(), False
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise type_error(f"messages[{index}]", "an object", message)
@@ -272,20 +293,24 @@ def _messages(body: dict) -> list[dict[str, str]]:
             raise invalid(f"Missing required parameter: '{role_param}'.", role_param, "missing_required_parameter")
         if not isinstance(role, str):
             raise type_error(role_param, "a string", role)
-        if role in ("tool", "function"):
-            raise invalid(f"Invalid '{role_param}': tool messages are not supported by this server.", role_param, "unsupported_value")
+        if role == "function":
+            raise invalid(f"Invalid '{role_param}': the legacy 'function' role is not supported by this server; "
+                          "use 'tool'.", role_param, "unsupported_value")
         if role not in ROLE_ALIASES:
             raise invalid(
-                f"Invalid value: {brief(role)}. Supported values are: 'system', 'developer', 'user' and 'assistant'.",
+                f"Invalid value: {brief(role)}. Supported values are: 'system', 'developer', 'user', 'assistant' "
+                "and 'tool'.",
                 role_param,
             )
-        if message.get("tool_calls"):
-            raise invalid("Tool calls are not supported by this server.", f"messages[{index}].tool_calls", "unsupported_value")
         name = message.get("name")
         if name is not None:
             text_check(name, f"messages[{index}].name")
-        normalised.append({"role": ROLE_ALIASES[role], "content": _message_content(message, index, role)})
-    return normalised
+        role = ROLE_ALIASES[role]
+        out = history.message(message, index, role=role, content=_message_content(message, index, role))
+        with_tools = with_tools or role == "tool" or "tool_calls" in out
+        normalised.append(out)
+    history.end()
+    return normalised, with_tools
 
 
 def _structured(request: ApiRequest, body: dict) -> None:
@@ -293,19 +318,23 @@ def _structured(request: ApiRequest, body: dict) -> None:
     if spec is not None:
         request.response_format = spec
         request.sampling["structured_output"] = spec
+    forced = request.tools.structured_output() if request.tools is not None else None
+    if forced is not None:  # required / a named function: the forced call wins over a response_format
+        request.sampling["structured_output"] = forced
 
 
 def chat_request_parse(*, body: dict) -> ApiRequest:
     """Validate a `/v1/chat/completions` body."""
     request = _common(body, CHAT)
-    request.messages = _messages(body)
+    request.messages, request.tool_history = _messages(body)
     f = Fields(body)
     logprobs = f.boolean("logprobs")
     top_logprobs = f.integer("top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top_logprobs is not None and not logprobs:
         raise invalid("Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is used.", "top_logprobs")
     request.logprobs = (top_logprobs or 0) if logprobs else None
-    _refuse_unsupported(body, {"tools": [], "functions": [], "audio": None, "prediction": None})
+    _refuse_unsupported(body, {"functions": [], "function_call": ("none", "auto"), "audio": None, "prediction": None})
+    request.tools = parse_tools(body)
     _structured(request, body)
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:

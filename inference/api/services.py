@@ -2,7 +2,9 @@
 
 `arequest_prepare` does everything that can fail because of the client (all of
 it before anything is reserved or queued, so a 4xx never costs engine time;
-a `response_format` schema is compiled here too: inference.api.response_format);
+a `response_format` schema and a forced tool call's parameters are compiled
+here too: inference.api.response_format, inference.api.tool_calls; a chat with
+tools or tool calls in its history is rendered by inference.api.tool_prompt);
 `ajob_submit` checks capacity and enqueues. Views and the WebSocket consumer
 share both.
 """
@@ -21,6 +23,8 @@ from inference.api.capacity import capacity_check, queue_outage
 from inference.api.model_access import ModelInfo, amodel_info_get, context_limit, model_access_check
 from inference.api.schemas import CHAT, ApiRequest, api_param
 from inference.api.response_format import aresponse_format_check
+from inference.api.tool_calls import ToolSpec, atools_check
+from inference.api.tool_prompt import render_tool_prompt
 from inference.metrics.gateway import refusal_count
 
 logger = logging.getLogger(__name__)
@@ -82,13 +86,21 @@ def chat_template_get(*, model: ModelInfo, tokenizer) -> str:
     return template
 
 
-def chat_encode(*, messages: list[dict], template: str, tokenizer) -> list[int]:
-    """The messages rendered with `template` (the model's own BOS/EOS tokens), then tokenized."""
+def chat_encode(*, messages: list[dict], template: str, tokenizer, tools: ToolSpec | None = None,
+                tool_prompt: bool = False) -> list[int]:
+    """The messages rendered with `template` (the model's own BOS/EOS tokens), then tokenized. With
+    `tool_prompt` (tools given, or calls in the history): inference.api.tool_prompt's rendering, the tools
+    listed unless tool_choice is "none"."""
     from inference.engine.chat_template import ChatTemplateError, render_chat_template
 
     try:
-        text = render_chat_template(template, messages, add_generation_prompt=True,
-                                    bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+        if tool_prompt:
+            listed = tools.tools if tools is not None and tools.choice != "none" else None
+            text = render_tool_prompt(messages, listed, template, bos_token=tokenizer.bos_token,
+                                      eos_token=tokenizer.eos_token)
+        else:
+            text = render_chat_template(template, messages, add_generation_prompt=True,
+                                        bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
     except ChatTemplateError as exc:  # e.g. the template's raise_exception on roles it does not take
         raise InvalidRequest(f"The model's chat template refused these messages: {exc}", param="messages") from None
     return list(tokenizer.encode(text))
@@ -99,7 +111,8 @@ def prompt_tokenize(*, request: ApiRequest, tokenizer, chat_template: str | None
     if request.endpoint == CHAT:
         if chat_template is None:
             return list(tokenizer.encode_chat(request.messages))
-        return chat_encode(messages=request.messages, template=chat_template, tokenizer=tokenizer)
+        return chat_encode(messages=request.messages, template=chat_template, tokenizer=tokenizer,
+                           tools=request.tools, tool_prompt=request.tool_prompt)
     if request.prompt_token_ids is not None:
         vocab = tokenizer.vocab_size
         for index, token in enumerate(request.prompt_token_ids):
@@ -115,7 +128,8 @@ def prompt_tokenize(*, request: ApiRequest, tokenizer, chat_template: str | None
 
 def _prompt_chars(request: ApiRequest) -> int:
     if request.messages is not None:
-        return sum(len(m["content"]) for m in request.messages)
+        calls = sum(len(c["function"]["arguments"]) for m in request.messages for c in m.get("tool_calls", ()))
+        return sum(len(m["content"] or "") for m in request.messages) + calls
     return len(request.prompt or "")
 
 
@@ -193,6 +207,8 @@ async def arequest_prepare(*, auth, request: ApiRequest, request_id: str | None 
     sampling = sampling_build(request=request, max_tokens=max_tokens, vocab_size=tokenizer.vocab_size)
     if request.response_format is not None:  # the schema through the engine's compiler (cached, off the loop)
         await aresponse_format_check(spec=request.response_format)
+    if request.tools is not None:  # a forced call's functions' parameters, the same way
+        await atools_check(spec=request.tools)
     if template is not None and not sampling["ignore_eos"]:  # a reply ends with its turn (Gemma: <end_of_turn>)
         stops = sampling["stop_token_ids"]
         stops += [i for i in tokenizer.end_of_turn_ids(template) if i not in stops]

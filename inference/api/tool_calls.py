@@ -6,7 +6,8 @@ its parameter (inference.api.fields.invalid).
 - `ToolSpec.structured_output()`: the grammar that forces calls (`required`, a named function), a
   StructuredOutput of kind "tool_calls" (inference.engine.structured_spec writes its Lark grammar); None
   for `auto` (the model answers in text or calls) and `none`. `tools_check(spec)` runs llguidance over each
-  function's parameters the grammar uses, off the event loop (as `check` for response_format).
+  function's parameters the grammar uses; `atools_check(spec=)` is the same through response_format's cached,
+  off-the-event-loop check (what the API runs before admission).
 - `ToolHistory`: per request, normalises assistant messages with `tool_calls` and `role: "tool"` messages
   (a tool message must answer a call of the assistant message before it; every call must be answered
   before the conversation goes on).
@@ -20,6 +21,7 @@ import json
 from dataclasses import dataclass
 
 from inference.api.fields import brief, invalid, text_check, type_error
+from inference.api.response_format import astructured_check
 from inference.engine.sampling_params import EngineValidationError
 from inference.engine.structured_spec import (
     MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH, MAX_TOOL_CALLS, MAX_TOOLS, TOOL_NAME, StructuredOutput, check,
@@ -113,9 +115,29 @@ def tools_check(spec: ToolSpec) -> None:
         try:
             check(StructuredOutput("json_schema", function["parameters"], function.get("strict", False)))
         except EngineValidationError as exc:
-            detail = exc.message.split(": ", 1)[-1]
-            raise invalid(f"Invalid schema for function '{function['name']}': {detail}",
-                          f"tools[{index}].function.parameters", "invalid_function_parameters") from None
+            raise _bad_parameters(function, index, exc) from None
+
+
+async def atools_check(*, spec: ToolSpec) -> None:
+    """`tools_check` for a request being prepared: each forced function's parameters through the cached,
+    off-the-loop check of response_format (its pool, its LRU keyed by the schema, its guard against
+    llguidance's panics); the same 400s."""
+    forced = {f["name"] for f in spec.forced()}
+    for index, tool in enumerate(spec.tools):
+        function = tool["function"]
+        if function["name"] not in forced:
+            continue
+        try:
+            await astructured_check(spec=StructuredOutput("json_schema", function["parameters"],
+                                                          function.get("strict", False)))
+        except EngineValidationError as exc:
+            raise _bad_parameters(function, index, exc) from None
+
+
+def _bad_parameters(function: dict, index: int, exc: EngineValidationError):
+    detail = exc.message.split(": ", 1)[-1]
+    return invalid(f"Invalid schema for function '{function['name']}': {detail}",
+                   f"tools[{index}].function.parameters", "invalid_function_parameters")
 
 
 def _tool(tool, param: str) -> dict:

@@ -54,7 +54,8 @@ CHAT_BAD = [
     (chat(messages=[{"content": "x"}]), "messages[0].role"),
     (chat(messages=[{"role": 3, "content": "x"}]), "messages[0].role"),
     (chat(messages=[{"role": "user", "content": "a"}, {"role": "wizard", "content": "x"}]), "messages[1].role"),
-    (chat(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), "messages[0].role"),
+    (chat(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), "messages[0].role"),  # answers nothing
+    (chat(messages=[{"role": "function", "content": "x", "name": "f"}]), "messages[0].role"),
     (chat(messages=[{"role": "user"}]), "messages[0].content"),
     (chat(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
     (chat(messages=[{"role": "user", "content": {"text": "x"}}]), "messages[0].content"),
@@ -116,7 +117,8 @@ CHAT_BAD = [
     (chat(service_tier=1), "service_tier"),
     (chat(user=5), "user"),
     (chat(user="u" * 600), "user"),
-    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    (chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="any"), "tool_choice"),
+    (chat(functions=[{"name": "f"}]), "functions"),
     (chat(response_format={"type": "yaml"}), "response_format.type"),
     (chat(response_format="json"), "response_format"),
     (chat(modalities=["text", "audio"]), "modalities"),
@@ -171,7 +173,7 @@ def test_chat_accepts_openai_fields_and_ignores_unknown_ones():
         presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.1, logit_bias={"42": -100, "7": 5.5},
         seed=-3, stop="\n", logprobs=True, top_logprobs=3, n=1, user="u-1", stream=True,
         stream_options={"include_usage": True}, service_tier="auto", metadata={"a": "b"}, store=False,
-        parallel_tool_calls=True, tools=[], response_format={"type": "text"}, some_future_field={"x": 1},
+        tools=[], response_format={"type": "text"}, some_future_field={"x": 1},
         messages=[{"role": "developer", "content": "Be brief."}, {"role": "assistant", "content": None},
                   {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}],
     ))

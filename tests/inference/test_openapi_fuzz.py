@@ -10,7 +10,7 @@ documented content type, and a body that matches the documented schema.
 
 The document served is the API's; the copy the generator reads is narrowed
 where the real model would make a case slow: max_tokens is required and at
-most 2, prompts and messages are short; and `model` names the served model
+most 2, prompts, messages, tools and calls are short; and `model` names the served model
 (any other name is a 404, which the negative cases still reach). Nothing
 else is changed.
 """
@@ -59,9 +59,14 @@ def narrowed(document: dict) -> dict:
         body["properties"]["min_tokens"] = {"type": ["integer", "null"], "minimum": 0, "maximum": 1}
         body["properties"].pop("max_completion_tokens", None)
     schemas["ChatCompletionRequest"]["properties"]["messages"].update(maxItems=2)
-    message = schemas["ChatCompletionRequest"]["properties"]["messages"]["items"]
-    message["properties"]["content"] = {"anyOf": [SHORT_TEXT, {"type": "array", "maxItems": 2, "items": {
-        "type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": SHORT_TEXT}}}]}
+    short = [SHORT_TEXT, {"type": "array", "maxItems": 2, "items": {
+        "type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": SHORT_TEXT}}}]
+    for message in schemas["ChatCompletionRequest"]["properties"]["messages"]["items"]["anyOf"]:  # by role
+        nullable = {"type": "null"} in message["properties"]["content"]["anyOf"]
+        message["properties"]["content"] = {"anyOf": [{"type": "null"}, *short] if nullable else short}
+        if "tool_calls" in message["properties"]:
+            message["properties"]["tool_calls"]["maxItems"] = 2
+    schemas["ChatCompletionRequest"]["properties"]["tools"]["maxItems"] = 2
     schemas["CompletionRequest"]["properties"]["prompt"] = {"anyOf": [
         SHORT_TEXT, {"type": "array", "minItems": 1, "maxItems": 8, "items": {"type": "integer", "minimum": 0,
                                                                               "maximum": 2**31 - 1}}]}
