@@ -180,24 +180,6 @@ static void silu_inplace(float *restrict g, int64_t n) {
     for (; i < n; i++) g[i] = g[i] / (1.0f + exp_approx(-g[i]));
 }
 
-/* x: [T, 2I] with row stride sx; out: [T, I] with row stride so. */
-void silu_and_mul_rows(const void *x, void *out, int64_t rows, int64_t inter, int64_t sx, int64_t so,
-                       int dtype, int num_threads) {
-    int threads = rows * inter >= 65536 ? num_threads : 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        float g[MAX_HIDDEN], u[MAX_HIDDEN];
-        load_row(x, r * sx, inter, dtype, g);
-        load_row(x, r * sx + inter, inter, dtype, u);
-        silu_inplace(g, inter);
-        if (dtype)
-            for (int64_t i = 0; i < inter; i++) g[i] = bf16_to_f32(f32_to_bf16(g[i])) * u[i];
-        else
-            for (int64_t i = 0; i < inter; i++) g[i] *= u[i];
-        store_row(out, r * so, inter, dtype, g);
-    }
-}
-
 /* g / (1 + exp(-2u)), u = sqrt(2/pi) * (g + 0.044715 g^3), in place: GELU's
  * tanh form, 0.5 g (1 + tanh(u)), rewritten as g * sigmoid(2u) (the same
  * value, and no cancellation in 1 + tanh(u) where tanh(u) is near -1).
@@ -221,23 +203,35 @@ static void gelu_tanh_inplace(float *restrict g, int64_t n) {
     }
 }
 
-/* GELU(tanh)-and-multiply (Gemma's MLP): x: [T, 2I] with row stride sx (gate, then up); out: [T, I] with
- * row stride so. bf16: the activation is rounded to bf16 before the product, as the reference's two ops do. */
-void gelu_tanh_and_mul_rows(const void *x, void *out, int64_t rows, int64_t inter, int64_t sx, int64_t so,
-                            int dtype, int num_threads) {
+/* act(gate) * up per row: x: [T, 2I] with row stride sx (gate, then up); out: [T, I] with row stride so.
+ * bf16: the activation is rounded to bf16 before the product, as the reference's two ops do. */
+static void act_and_mul_rows(const void *x, void *out, int64_t rows, int64_t inter, int64_t sx, int64_t so,
+                             int dtype, int num_threads, void (*act)(float *restrict, int64_t)) {
     int threads = rows * inter >= 65536 ? num_threads : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         float g[MAX_HIDDEN], u[MAX_HIDDEN];
         load_row(x, r * sx, inter, dtype, g);
         load_row(x, r * sx + inter, inter, dtype, u);
-        gelu_tanh_inplace(g, inter);
+        act(g, inter);
         if (dtype)
             for (int64_t i = 0; i < inter; i++) g[i] = bf16_to_f32(f32_to_bf16(g[i])) * u[i];
         else
             for (int64_t i = 0; i < inter; i++) g[i] *= u[i];
         store_row(out, r * so, inter, dtype, g);
     }
+}
+
+/* SiLU-and-multiply (Llama's MLP). */
+void silu_and_mul_rows(const void *x, void *out, int64_t rows, int64_t inter, int64_t sx, int64_t so,
+                       int dtype, int num_threads) {
+    act_and_mul_rows(x, out, rows, inter, sx, so, dtype, num_threads, silu_inplace);
+}
+
+/* GELU(tanh)-and-multiply (Gemma's MLP). */
+void gelu_tanh_and_mul_rows(const void *x, void *out, int64_t rows, int64_t inter, int64_t sx, int64_t so,
+                            int dtype, int num_threads) {
+    act_and_mul_rows(x, out, rows, inter, sx, so, dtype, num_threads, gelu_tanh_inplace);
 }
 
 /* Copy each token's keys and values ([Hkv * D] elements of elem_size bytes,
