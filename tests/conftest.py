@@ -214,3 +214,15 @@ def _admission_counters_fresh(request):
         except Exception:  # noqa: BLE001 - a test that stopped Redis on purpose
             pass
     counters.reset_admission_backend()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _embedded_workers_stopped():
+    """No embedded engine thread outlives its test module: one left running keeps the job queue it was built
+    with, so a later module that resets the queue would enqueue where no engine looks (and wait for ever)."""
+    yield
+    import sys
+
+    embedded = sys.modules.get("inference.worker.embedded")
+    if embedded is not None and embedded._workers:
+        embedded.embedded_worker_stop()

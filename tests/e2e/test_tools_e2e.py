@@ -1,5 +1,5 @@
-"""Tool calling end to end, as users of the official openai SDK (and of LangChain, where `langchain-openai` is
-installed) see it: the real model (SmolLM2-135M on the CPU, whose template has no tool format: the generic
+"""Tool calling end to end, as users of the official openai SDK and of LangChain (`langchain-openai`) see it:
+the real model (SmolLM2-135M on the CPU, whose template has no tool format: the generic
 `<tool_call>` one) behind the real embedded server, shared with the other server-backed tests.
 
 `tool_choice` required and named give calls that parse, not streamed and streamed (the SDK's streaming helper
@@ -166,11 +166,12 @@ def test_over_the_websocket(server):
     assert isinstance(json.loads(arguments), dict) and entries[0]["function"]["name"] in NAMES
 
 
-# ---------------------------------------------------------------- LangChain (when langchain-openai is installed)
+# ---------------------------------------------------------------- LangChain (langchain-openai, a test dependency)
 def _chat_model(server):
-    langchain_openai = pytest.importorskip("langchain_openai")
-    return langchain_openai.ChatOpenAI(base_url=f"{server.url}/v1", api_key=server.keys["pro"], model=MODEL,
-                                       temperature=0, max_tokens=MAX_TOKENS, max_retries=0, timeout=300)
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(base_url=f"{server.url}/v1", api_key=server.keys["pro"], model=MODEL,
+                      temperature=0, max_tokens=MAX_TOKENS, max_retries=0, timeout=300)
 
 
 def test_langchain_bind_tools_loop(server):

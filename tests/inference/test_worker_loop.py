@@ -546,6 +546,7 @@ async def test_embedded_worker_starts_once_and_delivers_on_the_web_loop(engine, 
     queue_module.reset_job_queue()
     monkeypatch.setattr(embedded, "engine_build", lambda **options: engine)
     tenant = await sync_to_async(tenant_factory)()
+    await asyncio.to_thread(embedded.embedded_worker_stop)  # none left by an earlier test, bound to another queue
     try:
         workers = await asyncio.gather(*(asyncio.to_thread(embedded.ensure_embedded_worker, MODEL) for _ in range(4)))
         worker = embedded.ensure_embedded_worker(MODEL)  # on the loop: binds it for deliveries
