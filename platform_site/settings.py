@@ -287,13 +287,9 @@ BUDGET_ALERT_PERCENTS = [int(p) for p in ENV.get("BUDGET_ALERT_PERCENTS", "50,80
 INVOICE_GRACE_HOURS = float(ENV.get("INVOICE_GRACE_HOURS", "1"))
 
 # ---------------------------------------------------------------- files and batches (the Batch API: batches app)
-# Files (`/v1/files`) live in FILE_STORAGE, a Django storage backend (django.core.files.storage), under one
-# folder per tenant. Embedded default: a local directory, FILE_STORAGE_DIR (default var/files; a temporary one
-# under pytest). Production may name any Django storage class with its options as JSON, e.g. S3 through
-# django-storages (`pip install django-storages[s3]`, not a dependency of this project):
-#   FILE_STORAGE_BACKEND=storages.backends.s3.S3Storage
-#   FILE_STORAGE_OPTIONS={"bucket_name": "llm-files", "location": "files", "default_acl": "private"}
-# (credentials as boto3 reads them: the instance role or AWS_* variables). Several web replicas need a
+# Files (`/v1/files`) live in FILE_STORAGE, a Django storage backend, one folder per tenant: by default a local
+# directory, FILE_STORAGE_DIR (var/files; a temporary one under pytest); production may name any storage class
+# with its options as JSON, e.g. S3 through django-storages (deploy/env.example). Several web replicas need a
 # shared storage (S3, or one network folder): a file written by one is read by another.
 FILE_STORAGE_BACKEND = ENV.get("FILE_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage")
 FILE_STORAGE_OPTIONS = json.loads(ENV.get("FILE_STORAGE_OPTIONS", "") or "{}")
@@ -306,11 +302,16 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     "files": FILE_STORAGE,  # django.core.files.storage.storages["files"]
 }
-# An uploaded file's size limit (OpenAI: 200 MB for a batch's input; lower here by default), and the requests
-# one batch file may hold (OpenAI's 50,000). A multipart upload's body may pass DATA_UPLOAD_MAX_MEMORY_SIZE on
-# POST /v1/files alone, up to FILES_MAX_BYTES and the form's own bytes (platform_site/asgi.py).
+# An upload's size limit (OpenAI: 200 MB) and a batch's requests (OpenAI's 50,000); POST /v1/files alone may
+# pass DATA_UPLOAD_MAX_MEMORY_SIZE, up to FILES_MAX_BYTES and the form's own bytes (platform_site/asgi.py).
 FILES_MAX_BYTES = int(ENV.get("FILES_MAX_BYTES", str(50 * 1024 * 1024)))
 BATCH_MAX_LINES = int(ENV.get("BATCH_MAX_LINES", "50000"))
+# The batch runner (batches.runner; README "Batch API"): `manage.py run_batches`, or in the embedded mode a task
+# on the web's event loop; BATCH_ENGINE_PRIORITY is below every tier's (theirs stop at 32767).
+BATCH_RUNNER_EMBEDDED = env_bool("BATCH_RUNNER_EMBEDDED", EMBEDDED_WORKER)
+BATCH_MAX_IN_FLIGHT, BATCH_ENGINE_PRIORITY = int(ENV.get("BATCH_MAX_IN_FLIGHT", "8")), int(ENV.get("BATCH_ENGINE_PRIORITY", "40000"))
+BATCH_LEASE_S, BATCH_POLL_S = float(ENV.get("BATCH_LEASE_S", "120")), float(ENV.get("BATCH_POLL_S", "1.0"))
+BATCH_LINE_ATTEMPTS = int(ENV.get("BATCH_LINE_ATTEMPTS", "3"))  # tries of a line the server failed (a 500)
 
 # ---------------------------------------------------------------- auth / i18n / static
 AUTH_PASSWORD_VALIDATORS = [

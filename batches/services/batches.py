@@ -94,7 +94,11 @@ def batch_cancel(*, batch: Batch) -> Batch:
             return batch
         raise ApiError(f"Cannot cancel a batch with status '{batch.status}'.", status=409,
                        code="batch_not_cancellable")
-    batch_cancel_settle(batch=batch)
+    if batch_cancel_settle(batch=batch):  # none running: cancelled now, with the files of the lines that ran
+        from batches.services.outputs import batch_files_attach
+
+        batch.refresh_from_db()
+        batch_files_attach(batch=batch)
     batch.refresh_from_db()
     return batch
 

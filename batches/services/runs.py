@@ -11,12 +11,15 @@ Locks are taken line first, then the batch (as `batch_cancel_settle` does), neve
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from batches.models import Batch, BatchLine
 from batches.services.batches import batch_cancel_settle
+from batches.services.outputs import batch_files_attach
 from batches.services.transitions import S, batch_transition
 from batches.text import body_text, printable_copy
 
@@ -59,9 +62,25 @@ def batch_line_finish(*, line: BatchLine, runner: str, status_code: int | None, 
     return True
 
 
-def batch_lines_release(*, runner: str) -> int:
-    """A dead runner's running lines back to `pending` (their request_id kept: billing stays idempotent)."""
-    return BatchLine.objects.filter(status=L.RUNNING, claimed_by=runner).update(
+def batch_lines_release(*, runner: str, pks: list[int] | None = None) -> int:
+    """A runner's running lines (all, or those of `pks`) back to `pending`, their request_id kept (billing
+    stays idempotent): a dead runner's, or lines refused for now (rate limits, a full queue) to run later."""
+    lines = BatchLine.objects.filter(status=L.RUNNING, claimed_by=runner)
+    if pks is not None:
+        lines = lines.filter(pk__in=pks)
+    return lines.update(status=L.PENDING, claimed_by="", claimed_at=None)
+
+
+def batch_lines_renew(*, runner: str) -> int:
+    """The runner is alive: its running lines' leases start again now."""
+    return BatchLine.objects.filter(status=L.RUNNING, claimed_by=runner).update(claimed_at=timezone.now())
+
+
+def batch_lines_reap(*, lease_s: float, now=None) -> int:
+    """Running lines whose runner stopped renewing them for `lease_s` (killed) back to `pending`: another runner
+    runs them again under the same request id (a usage record already written for one stays the only one)."""
+    stale = (now or timezone.now()) - timedelta(seconds=lease_s)
+    return BatchLine.objects.filter(status=L.RUNNING, claimed_at__lt=stale).update(
         status=L.PENDING, claimed_by="", claimed_at=None)
 
 
@@ -75,6 +94,20 @@ def batch_end_check(*, batch: Batch) -> str:
     elif batch.status == S.IN_PROGRESS:
         if not BatchLine.objects.filter(batch=batch, status__in=(L.PENDING, L.RUNNING)).exists():
             batch_transition(batch=batch, to=S.FINALIZING)
+    batch.refresh_from_db()
+    return batch.status
+
+
+def batch_settle(*, batch: Batch) -> str:
+    """After a line of `batch` ended, or when none was left to claim: move it on (batch_end_check), and once
+    it is finished write its output and error files (a finalizing batch is then `completed`; a cancelled or
+    expired one keeps its state with the files of the lines that ran). Returns the batch's status."""
+    status = batch_end_check(batch=batch)
+    if status == S.FINALIZING:
+        batch_files_attach(batch=batch)
+    elif status in (S.CANCELLED, S.EXPIRED) and batch.output_file_id is None and batch.error_file_id is None:
+        if not BatchLine.objects.filter(batch=batch, status=L.RUNNING).exists():
+            batch_files_attach(batch=batch)
     batch.refresh_from_db()
     return batch.status
 

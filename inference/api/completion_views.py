@@ -32,7 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 from common.errors import ApiError, InvalidRequest, ServiceUnavailable, count_error, error_body, error_json_response
 from common.outage import Outage, connection_lost
 from common.request_body import REFUSED_SCOPE_KEY
-from inference.api.job_run import JobRun, job_chunks
+from inference.api.job_run import JobRun, job_chunks, job_collect
 from inference.api.parsing import json_object_parse
 from inference.api.responses import ResponseBuilder, response_builder
 from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse
@@ -83,14 +83,6 @@ def _body(request) -> dict:
             code="request_too_large"
         ) from None
     return json_object_parse(raw=raw)
-
-
-async def _collect(run: JobRun, builder: ResponseBuilder) -> dict:
-    """Await a job to its end and build the whole response body (from the same chunks a stream gets)."""
-    async with contextlib.aclosing(job_chunks(run, builder)) as chunks:  # closed (job cancelled) on any exit
-        async for _chunk in chunks:
-            pass
-    return builder.collected(finish_reason=run.done.finish_reason, usage=run.done.usage)
 
 
 async def _stream(run: JobRun, builder: ResponseBuilder) -> AsyncIterator[bytes]:
@@ -145,7 +137,7 @@ async def _serve(request, endpoint: str) -> HttpResponse:
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
         else:
-            response = HttpResponse(_dumps(await _collect(run, builder)), content_type="application/json")
+            response = HttpResponse(_dumps(await job_collect(run, builder)), content_type="application/json")
     except DisallowedHost:
         response = error_json_response(InvalidRequest("Invalid Host header.", code="invalid_host"))
     except ApiError as exc:

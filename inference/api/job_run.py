@@ -17,6 +17,7 @@ stream and the WebSocket frames are all made from the chunks it yields.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -255,3 +256,12 @@ async def job_chunks(run: JobRun, builder: ResponseBuilder, *, keepalive: bool =
     yield builder.finish_chunk(finish_reason=finish_reason, timing=done.timing)
     if builder.include_usage:
         yield builder.usage_chunk(usage=done.usage)
+
+
+async def job_collect(run: JobRun, builder: ResponseBuilder) -> dict:
+    """Await a job to its end and build the whole response body (from the same chunks a stream gets): a
+    non-streamed response's body, and a Batch API line's (batches.services.line_run)."""
+    async with contextlib.aclosing(job_chunks(run, builder)) as chunks:  # closed (job cancelled) on any exit
+        async for _chunk in chunks:
+            pass
+    return builder.collected(finish_reason=run.done.finish_reason, usage=run.done.usage)

@@ -49,6 +49,7 @@ class PreparedRequest:
     sampling: dict  # SamplingParams.to_dict(), the Job's wire form
     max_tokens: int
     admission: object = None  # billing.services.admission_reserve.Admission, once admitted (ajob_submit)
+    batch_id: str = ""  # a Batch API line's batch: its job runs below every tier, billed at the batch price
 
 
 def request_id_new() -> str:
@@ -242,6 +243,8 @@ async def arequest_refused_count(*, auth, request_id: str, error: ApiError) -> N
 
 
 def job_build(*, prepared: PreparedRequest, reply_channel: str):
+    from django.conf import settings
+
     from inference.queue.job import Job
 
     auth = prepared.auth
@@ -250,7 +253,8 @@ def job_build(*, prepared: PreparedRequest, reply_channel: str):
         tenant_id=auth.tenant.pk,
         api_key_id=auth.api_key.pk if auth.api_key is not None else None,
         tier=auth.tier.name,
-        priority=auth.tier.priority,
+        # a batch line below every tier: the engine's scheduler preempts it for any live request
+        priority=settings.BATCH_ENGINE_PRIORITY if prepared.batch_id else auth.tier.priority,
         model=prepared.model.name,
         prompt_token_ids=prepared.prompt_token_ids,
         sampling=prepared.sampling,
@@ -260,6 +264,7 @@ def job_build(*, prepared: PreparedRequest, reply_channel: str):
         cache_salt=auth.tenant.cache_salt,
         endpoint=prepared.request.endpoint,
         tenant_slug=auth.tenant.slug,
+        batch_id=prepared.batch_id,
     )
 
 

@@ -27,6 +27,7 @@ class Job:
     cache_salt: str | None = None
     endpoint: str = "chat.completions"
     tenant_slug: str = ""
+    batch_id: str = ""  # a Batch API line's batch (its public id): billed at the batch price (billing.settlement)
 
     def __post_init__(self) -> None:
         # Queue keys are built from these; a tab would break the location

@@ -154,7 +154,7 @@ def job_ending(
         request_id=job.request_id, tenant_id=job.tenant_id, api_key_id=job.api_key_id, model=job.model,
         tier=job.tier, endpoint=job.endpoint, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
         completion_tokens=completion_tokens, finish_reason=finish_reason, error=error, queued_s=queued_s,
-        ttft_s=ttft_s, duration_s=e2e_s, worker_id=worker_id,
+        ttft_s=ttft_s, duration_s=e2e_s, worker_id=worker_id, batch_id=job.batch_id,
         admitted_at=job.enqueued_at,  # picks the price version (billing)
         created_at=now,  # when it ended, also if the record is written later (spool)
     )

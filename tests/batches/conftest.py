@@ -19,6 +19,12 @@ def _files_in_tmp(settings, tmp_path):
 
 
 @pytest.fixture(autouse=True)
+def _no_embedded_runner(settings):
+    """The batch runner stays off here (batches in progress stay so); tests/e2e/test_batches_e2e.py runs it."""
+    settings.BATCH_RUNNER_EMBEDDED = False
+
+
+@pytest.fixture(autouse=True)
 def _tasks_eager(settings):
     """Celery tasks run in this process, as in the embedded mode (under REDIS_URL too: no broker needed)."""
     from platform_site.celery import app

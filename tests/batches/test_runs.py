@@ -1,4 +1,4 @@
-"""The runner's calls (part 2 builds on them): claim, finish once, release, end, expire."""
+"""The runner's calls: claim, finish once, release, leases renewed and reaped, settle, end, expire."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from batches.models import Batch, BatchLine
 from batches.services.outputs import batch_files_attach
 from batches.services.runs import (
-    batch_end_check, batch_line_finish, batch_lines_claim, batch_lines_release, batches_expire,
+    batch_end_check, batch_line_finish, batch_lines_claim, batch_lines_reap, batch_lines_release, batch_lines_renew,
+    batch_settle, batches_expire,
 )
 from tests.batches.conftest import chat_line
 
@@ -84,3 +85,45 @@ def test_expired_batches_leave_their_pending_lines_unrun(batch):
     assert BatchLine.objects.filter(status=L.EXPIRED).count() == 4
     assert BatchLine.objects.filter(status=L.EXPIRED).first().error["code"] == "batch_expired"
     assert batch_lines_claim(batch=batch, runner="r", limit=10) == []
+
+
+def test_lines_refused_for_now_go_back_alone(batch):
+    first, second = batch_lines_claim(batch=batch, runner="r", limit=2)
+    assert batch_lines_release(runner="r", pks=[first.pk]) == 1
+    assert BatchLine.objects.get(pk=first.pk).status == L.PENDING
+    assert BatchLine.objects.get(pk=second.pk).status == L.RUNNING
+
+
+def test_a_lapsed_lease_is_reaped_and_a_renewed_one_kept(batch):
+    from django.utils import timezone
+
+    [kept] = batch_lines_claim(batch=batch, runner="alive", limit=1)
+    [lapsed] = batch_lines_claim(batch=batch, runner="killed", limit=1)
+    later = timezone.now() + timedelta(seconds=200)
+    BatchLine.objects.filter(pk=kept.pk).update(claimed_at=later)  # as batch_lines_renew does, 200 s on
+    assert batch_lines_renew(runner="alive") == 1 and batch_lines_renew(runner="nobody") == 0
+    BatchLine.objects.filter(pk=kept.pk).update(claimed_at=later)
+    assert batch_lines_reap(lease_s=120, now=later) == 1
+    assert BatchLine.objects.get(pk=lapsed.pk).status == L.PENDING
+    assert BatchLine.objects.get(pk=kept.pk).status == L.RUNNING
+    assert not batch_line_finish(line=lapsed, runner="killed", status_code=200, body={})  # too late
+
+
+def test_settle_writes_the_files_once_the_last_line_ends(batch):
+    lines = batch_lines_claim(batch=batch, runner="r", limit=10)
+    for line in lines[:-1]:
+        batch_line_finish(line=line, runner="r", status_code=200, body={"n": line.line_no})
+    assert batch_settle(batch=batch) == "in_progress"
+    batch_line_finish(line=lines[-1], runner="r", status_code=400, body={"error": {"message": "no"}})
+    assert batch_settle(batch=batch) == "completed"
+    assert batch.output_file_id is not None and batch.error_file_id is not None
+
+
+def test_settle_gives_an_expired_batch_the_files_of_the_lines_that_ran(batch):
+    [line] = batch_lines_claim(batch=batch, runner="r", limit=1)
+    batches_expire(now=batch.expires_at + timedelta(seconds=1))
+    batch.refresh_from_db()
+    assert batch_settle(batch=batch) == "expired" and batch.output_file_id is None  # one still runs
+    batch_line_finish(line=line, runner="r", status_code=200, body={})
+    assert batch_settle(batch=batch) == "expired"
+    assert batch.output_file_id is not None and batch.error_file_id is not None  # 1 answer, 4 expired
