@@ -1,7 +1,7 @@
 from django.urls import path
 
 import common.converters  # noqa: F401 - registers <public_id:> and <row_id:>
-from dashboard.views import assets, keys, pages, usage
+from dashboard.views import assets, batches, keys, pages, usage
 
 app_name = "dashboard"
 
@@ -18,4 +18,6 @@ urlpatterns = [
     path("<slug:slug>/settings/alerts/", keys.budget_alerts, name="budget-alerts"),
     path("<slug:slug>/invoices/", pages.invoices, name="invoices"),
     path("<slug:slug>/invoices/<public_id:invoice_id>/", pages.invoice_detail, name="invoice"),
+    path("<slug:slug>/batches/", batches.batches, name="batches"),
+    path("<slug:slug>/files/<public_id:file_id>/", batches.file_download, name="file"),
 ]

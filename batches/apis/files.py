@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
-from django.http import StreamingHttpResponse
-from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.negotiation import BaseContentNegotiation
@@ -12,6 +9,7 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
 from batches.apis.scoped import InferenceScoped
+from batches.downloads import file_download_response
 from batches.models import StoredFile
 from batches.payloads import file_deleted_payload, file_payload, list_payload
 from batches.selectors import file_get, files_of, page_after
@@ -20,7 +18,6 @@ from common.errors import NotFound
 from tenants.openapi import ref
 
 MAX_LIST_LIMIT = 10_000
-CHUNK_BYTES = 256 * 1024
 
 
 def file_or_404(request, file_id: str) -> StoredFile:
@@ -97,21 +94,4 @@ class FileContentApi(InferenceScoped):
             content = file_open(file=file)
         except OSError:  # deleted meanwhile: its bytes go once the deletion is committed
             raise NotFound(f"No such File object: {file_id}.", param="id", code="file_not_found") from None
-        return _download(file, content)
-
-
-def _download(file: StoredFile, handle) -> StreamingHttpResponse:
-    """The bytes in chunks, each read off the event loop: an async iterator, which Django's ASGI handler sends
-    as it goes (a synchronous one, a FileResponse's, it would first read whole into memory)."""
-
-    async def chunks():
-        try:
-            while chunk := await sync_to_async(handle.read, thread_sensitive=False)(CHUNK_BYTES):
-                yield chunk
-        finally:
-            await sync_to_async(handle.close, thread_sensitive=False)()
-
-    response = StreamingHttpResponse(chunks(), content_type="application/octet-stream")
-    response["Content-Length"] = str(file.bytes)
-    response["Content-Disposition"] = content_disposition_header(True, file.filename)
-    return response
+        return file_download_response(file, content)

@@ -51,7 +51,7 @@ def streamed(response) -> bytes:
 
 
 def test_a_large_file_streams_in_chunks(upload, api_client, api_key):
-    from batches.apis.files import CHUNK_BYTES
+    from batches.downloads import CHUNK_BYTES
 
     content = jsonl([chat_line(str(n), content="z" * 1000) for n in range(600)])
     assert len(content) > 2 * CHUNK_BYTES

@@ -373,6 +373,30 @@ def dashboard_invoice(w: World) -> None:
     assert w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/invoices/{w.a.invoice.public_id}/").status_code == 200
 
 
+@case("dashboard/<slug:slug>/batches/")
+def dashboard_batches(w: World) -> None:
+    b_batch = _b_batch(w)
+    _b_page(w, "batches/")
+    assert b_batch.public_id.encode() not in w.browser_a.get(f"/dashboard/{w.a.tenant.slug}/batches/").content
+
+
+@case("dashboard/<slug:slug>/files/<public_id:file_id>/")
+def dashboard_file(w: World) -> None:
+    import tempfile
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from batches.services.files import file_content_create
+
+    # B's file has its bytes, so a 404 here is the tenant check, not a missing file
+    with tempfile.TemporaryDirectory() as folder, override_settings(STORAGES={**settings.STORAGES, "files": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": folder}}}):
+        b_file = file_content_create(tenant=w.b.tenant, purpose="batch", filename="b.jsonl", content=b"{}\n")
+        for slug in (w.b.tenant.slug, w.a.tenant.slug):
+            _not_found(w.browser_a.get(f"/dashboard/{slug}/files/{b_file.public_id}/"))
+
+
 # ---------------------------------------------------------------- WebSocket
 @case("ws:v1/realtime")
 def realtime_socket(w: World) -> None:
