@@ -323,7 +323,11 @@ async def test_an_unforced_tools_bad_keyword_is_not_compiled(asgi_client, key, m
     async def reached(**kwargs):
         raise ServiceUnavailable("admission reached", code="reached")
 
+    async def served(model):  # under REDIS_URL no worker serves here: capacity would refuse first
+        return None
+
     monkeypatch.setattr(admission, "aadmission_reserve", reached)
+    monkeypatch.setattr("inference.api.services.capacity_check", served)
     body = {"model": MODEL, "max_tokens": 8, "messages": MSG, "tools": [UNENFORCEABLE]}
     response = await asgi_client.post("/v1/chat/completions", content=json.dumps(body).encode(), headers={
         "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
