@@ -51,6 +51,9 @@ class EngineConfig:
     # `priority_aging_s` seconds since arrival (None turns aging off). 0 preemptions: no bound.
     max_preemptions: int = 2
     priority_aging_s: float | None = 30.0
+    # Background work (the Batch API's lines): requests at this priority or worse sit out every step that
+    # prefills a foreground request, so its first token does not wait behind them. None: no background.
+    background_priority: int | None = None
     seed: int = 0  # seeds the generator of requests without their own seed
     num_threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
     # CUDA: replay decode-only steps as CUDA graphs at a ladder of batch sizes, all captured

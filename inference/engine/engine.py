@@ -131,6 +131,7 @@ class Engine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             policy=PriorityPolicy(aging_s=config.priority_aging_s, max_preemptions=config.max_preemptions),
+            background_priority=config.background_priority,
         )
         loaded = self.loaded
         self.runner = ModelRunner(loaded.model, loaded.config, num_blocks=num_blocks,

@@ -6,6 +6,9 @@ still in prefill takes a chunk of what is left of the budget. Then waiting
 sequences are admitted in rank order, each starting after its prefix-cache
 hit, while the budget, the running-sequence cap and the KV blocks allow.
 
+Background requests (priority at or past `background_priority`: the Batch API's lines) sit out every step
+that prefills a foreground request: a new request's first token never waits behind them.
+
 When a running sequence cannot get a block, the worst-ranked running sequence
 is preempted by recompute: its blocks are released (full ones stay in the
 prefix cache, so re-admission usually hits them) and it returns to the
@@ -68,11 +71,13 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         policy: PriorityPolicy,
+        background_priority: int | None = None,
     ) -> None:
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
+        self.background_priority = background_priority
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []  # kept sorted best-first during schedule()
         self.requests: dict[str, Sequence] = {}
@@ -149,7 +154,22 @@ class Scheduler:
                 if n == 0:
                     break  # head-of-line: a lower-ranked request does not jump the queue
                 budget -= n
+        if self.background_priority is not None:
+            self._background_sits_out(batch)
         return batch
+
+    def _background_sits_out(self, batch: ScheduledBatch) -> None:
+        """A step that prefills a foreground request leaves the background rows out: they keep their seats and
+        blocks and go on at the next step, and the request's first token does not wait behind work sold as
+        spare capacity (the Batch API's lines). A decode-only step runs them all."""
+        background = self.background_priority
+        seqs, counts = batch.seqs, batch.num_new_tokens
+        if not any(n > 1 and seq.priority < background for seq, n in zip(seqs, counts)):
+            return
+        kept = [(seq, n) for seq, n in zip(seqs, counts) if seq.priority < background]
+        if len(kept) < len(seqs):
+            seqs[:] = [seq for seq, _ in kept]
+            counts[:] = [n for _, n in kept]
 
     def _preempt_until_allocated(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """`seq` could not get blocks for `n` more tokens: preempt the worst running sequence until it can.

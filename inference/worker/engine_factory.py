@@ -57,6 +57,7 @@ def engine_build(
         "workers_per_device": settings.ENGINE_WORKERS_PER_DEVICE if workers_per_device is None else workers_per_device,
         "free_memory_mb": settings.ENGINE_FREE_MEMORY_MB,
         "max_num_seqs": max_num_seqs or settings.ENGINE_MAX_NUM_SEQS,
+        "background_priority": settings.BATCH_ENGINE_PRIORITY,  # the Batch API's lines (batches.runner)
     }
     options = {name: value for name, value in options.items() if value is not None}  # None: EngineConfig's default
     if "batch_invariant" not in extra:  # the operator's choice for this model (admin: Served models)

@@ -9,10 +9,12 @@ from inference.engine.sequence import Sequence, SeqStatus
 BS = 4
 
 
-def make_scheduler(num_blocks=64, max_num_seqs=8, budget=32, aging=None, max_preemptions=2, caching=True):
+def make_scheduler(num_blocks=64, max_num_seqs=8, budget=32, aging=None, max_preemptions=2, caching=True,
+                   background=None):
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=caching)
     policy = PriorityPolicy(aging_s=aging, max_preemptions=max_preemptions)
-    return Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, policy=policy)
+    return Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, policy=policy,
+                     background_priority=background)
 
 
 def make_seq(rid, n_prompt, max_tokens=4, priority=0, arrival=0.0, base=0):
@@ -197,3 +199,30 @@ def test_a_pending_token_is_scheduled_as_a_decode_unless_it_is_the_last():
     sched.bm.cache_full_blocks(a)
     assert a.num_registered_blocks == 2
     sched.bm.check_invariants([a, b])
+
+
+def test_background_rows_sit_out_a_foreground_prefill_and_run_in_decode_steps():
+    sched = make_scheduler(budget=32, background=1000)
+    for n in range(3):
+        sched.add(make_seq(f"bg{n}", 3, max_tokens=20, priority=1000, base=10 * n))
+    batch, sampled = fake_step(sched)
+    assert sorted(sampled) == ["bg0", "bg1", "bg2"]  # alone, background work runs
+    batch, _ = fake_step(sched)
+    assert len(batch.seqs) == 3  # decode-only steps run every row
+    sched.add(make_seq("live", 9, max_tokens=3, priority=2, base=500))
+    batch, sampled = fake_step(sched)
+    assert [s.request_id for s in batch.seqs] == ["live"] and sampled == ["live"]  # its prefill runs alone
+    batch, sampled = fake_step(sched)  # then it decodes beside them
+    assert sorted(s.request_id for s in batch.seqs) == ["bg0", "bg1", "bg2", "live"]
+    outputs = {seq.request_id: seq for seq in sched.requests.values()}
+    assert all(outputs[f"bg{n}"].num_output_tokens == 3 for n in range(3))  # one step skipped, none lost
+    assert run_all(sched).count("live") == 1
+
+
+def test_without_a_background_priority_every_row_runs_with_a_prefill():
+    sched = make_scheduler(budget=32)
+    sched.add(make_seq("bg", 3, max_tokens=20, priority=1000))
+    fake_step(sched)
+    sched.add(make_seq("live", 9, max_tokens=3, priority=2, base=500))
+    batch, _ = fake_step(sched)
+    assert sorted(s.request_id for s in batch.seqs) == ["bg", "live"]
