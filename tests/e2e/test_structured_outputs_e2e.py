@@ -151,6 +151,26 @@ def test_parse_pydantic_models_greedy_and_seeded(server):
         assert completion.usage.completion_tokens > 0
 
 
+def test_the_ten_models_streamed_parse_too(server):
+    """The streaming helper on each of the ten models at once (greedy): every final completion parses."""
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.keys["pro"], max_retries=0, timeout=600)
+
+    async def stream(model, prompt):
+        async with client.chat.completions.stream(model=MODEL, messages=messages(prompt), response_format=model,
+                                                  max_tokens=MAX_TOKENS, temperature=0) as events:
+            deltas = [event.delta async for event in events if event.type == "content.delta"]
+            return deltas, await events.get_final_completion()
+
+    async def run_all():
+        async with client:
+            return await asyncio.gather(*(stream(model, prompt) for model, prompt in CASES))
+
+    for (model, _), (deltas, final) in zip(CASES, asyncio.run(run_all())):
+        choice = final.choices[0]
+        assert choice.finish_reason == "stop", (model.__name__, choice.message.content)
+        assert isinstance(choice.message.parsed, model) and "".join(deltas) == choice.message.content
+
+
 def test_stream_helper_parses_the_final_completion(client, server):
     with client.chat.completions.stream(model=MODEL, messages=messages("Invent a customer."), response_format=Customer,
                                         max_tokens=MAX_TOKENS, temperature=0) as stream:
