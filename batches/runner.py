@@ -41,7 +41,7 @@ from tenants.services.api_keys import AuthContext
 logger = logging.getLogger(__name__)
 
 ENDPOINT_KINDS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
-KEY_GONE = {"error": {"message": "The API key that created this batch was revoked or deleted.",
+KEY_GONE = {"error": {"message": "The API key that created this batch, or its account, can no longer be used.",
                       "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
 
 

@@ -114,7 +114,8 @@ def batch_settle(*, batch: Batch) -> str:
 
 def batches_expire(*, now=None) -> int:
     """In-progress batches past their window become `expired`; their pending lines `expired` (never run, never
-    billed). Lines running then finish as usual. Returns how many batches expired."""
+    billed), and their files are written once no line runs. Lines running then finish as usual (the runner
+    writes the files after the last). Returns how many batches expired."""
     now = now or timezone.now()
     expired = 0
     for batch in Batch.objects.filter(status=S.IN_PROGRESS, expires_at__lte=now).order_by("pk"):
@@ -123,4 +124,6 @@ def batches_expire(*, now=None) -> int:
                 status=L.EXPIRED, error={"code": "batch_expired", "message": "This request could not be executed "
                                          "before the completion window expired."}, finished_at=now)
             expired += 1
+            batch.refresh_from_db()
+            batch_settle(batch=batch)  # none running: its files now (else when its last running line ends)
     return expired

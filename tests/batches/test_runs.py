@@ -127,3 +127,9 @@ def test_settle_gives_an_expired_batch_the_files_of_the_lines_that_ran(batch):
     batch_line_finish(line=line, runner="r", status_code=200, body={})
     assert batch_settle(batch=batch) == "expired"
     assert batch.output_file_id is not None and batch.error_file_id is not None  # 1 answer, 4 expired
+
+
+def test_an_expired_batch_with_nothing_running_gets_its_files_at_once(batch):
+    assert batches_expire(now=batch.expires_at + timedelta(seconds=1)) == 1
+    batch.refresh_from_db()
+    assert batch.status == "expired" and batch.output_file_id is None and batch.error_file_id is not None
