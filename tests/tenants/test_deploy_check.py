@@ -72,10 +72,12 @@ def test_env_example_is_production_and_complete():
 def test_procfile_processes():
     procs = dict(line.split(":", 1) for line in (ROOT / "deploy" / "Procfile").read_text().splitlines()
                  if line.strip() and not line.startswith("#"))
-    assert set(procs) == {"web", "worker1", "worker2", "celery", "beat"}  # 2 engine workers (issue 28)
+    # 2 engine workers (issue 28), the Batch API's runner (issue 39)
+    assert set(procs) == {"web", "worker1", "worker2", "celery", "beat", "batches"}
     assert "uvicorn platform_site.asgi:application" in procs["web"] and "--workers ${WEB_CONCURRENCY:-2}" in procs["web"]
     assert "manage.py run_worker" in procs["worker1"] and "manage.py run_worker" in procs["worker2"]
     assert "celery -A platform_site worker" in procs["celery"] and "celery -A platform_site beat" in procs["beat"]
+    assert "manage.py run_batches" in procs["batches"]
 
 
 @pytest.mark.slow
