@@ -89,7 +89,8 @@ def records(server, prefix: str) -> dict[str, dict]:
 def per_token(record: dict) -> tuple[int, int]:
     """(uncached input, output) femto-dollars per token of a record."""
     uncached = record["prompt_tokens"] - record["cached_tokens"]
-    return int(record["input_cost_femtos"]) // uncached, int(record["output_cost_femtos"]) // record["completion_tokens"]
+    output = int(record["output_cost_femtos"]) // record["completion_tokens"]
+    return int(record["input_cost_femtos"]) // uncached, output
 
 
 def test_a_batch_runs_to_completed_and_answers_as_live_requests(server, client):

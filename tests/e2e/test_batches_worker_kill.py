@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REDIS_URL = os.environ.get("QUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/2")
 DATABASE_URL = os.environ.get("BATCH_E2E_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llm_batches_e2e")
-CELERY_BROKER_URL = os.environ.get("BATCH_E2E_BROKER_URL", "redis://127.0.0.1:6379/11")  # its own: no stale tasks
+# a Redis database of its own for the Celery broker: no other test's tasks wait there
+CELERY_BROKER_URL = os.environ.get("BATCH_E2E_BROKER_URL", "redis://127.0.0.1:6379/11")
 LINES = 24
 
 
