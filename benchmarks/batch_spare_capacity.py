@@ -351,7 +351,7 @@ def main() -> None:
     parser.add_argument("--batch-lines", type=int, default=400)
     parser.add_argument("--batch-max-tokens", type=int, default=64, help="output tokens per batch line (ignore_eos)")
     parser.add_argument("--batch-in-flight", type=int, default=None,
-                        help="BATCH_MAX_IN_FLIGHT for the server (default: the server's, 8)")
+                        help="BATCH_MAX_IN_FLIGHT for the server (default: the server's, 4)")
     parser.add_argument("--alone-duration", type=float, default=20.0, help="phase C: seconds of the batch alone")
     parser.add_argument("--settle-s", type=float, default=2.0,
                         help="wait after a phase before reading /metrics (the heartbeat's delay)")

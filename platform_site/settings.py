@@ -309,7 +309,7 @@ BATCH_MAX_LINES = int(ENV.get("BATCH_MAX_LINES", "50000"))
 # The batch runner (batches.runner; README "Batch API"): `manage.py run_batches`, or in the embedded mode a task
 # on the web's event loop; BATCH_ENGINE_PRIORITY is below every tier's (theirs stop at 32767).
 BATCH_RUNNER_EMBEDDED = env_bool("BATCH_RUNNER_EMBEDDED", EMBEDDED_WORKER)
-BATCH_MAX_IN_FLIGHT, BATCH_ENGINE_PRIORITY = int(ENV.get("BATCH_MAX_IN_FLIGHT", "8")), int(ENV.get("BATCH_ENGINE_PRIORITY", "40000"))
+BATCH_MAX_IN_FLIGHT, BATCH_ENGINE_PRIORITY = int(ENV.get("BATCH_MAX_IN_FLIGHT", "4")), int(ENV.get("BATCH_ENGINE_PRIORITY", "40000"))
 BATCH_LEASE_S, BATCH_POLL_S = float(ENV.get("BATCH_LEASE_S", "120")), float(ENV.get("BATCH_POLL_S", "1.0"))
 BATCH_LINE_ATTEMPTS = int(ENV.get("BATCH_LINE_ATTEMPTS", "3"))  # tries of a line the server failed (a 500)
 
