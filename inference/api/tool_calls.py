@@ -5,9 +5,9 @@ its parameter (inference.api.fields.invalid).
 - `parse_tools(body) -> ToolSpec | None`: the three fields, validated. None when the request has no tools.
 - `ToolSpec.structured_output()`: the grammar that forces calls (`required`, a named function), a
   StructuredOutput of kind "tool_calls" (inference.engine.structured_spec writes its Lark grammar); None
-  for `auto` (the model answers in text or calls) and `none`. `tools_check(spec)` runs llguidance over each
-  function's parameters the grammar uses; `atools_check(spec=)` is the same through response_format's cached,
-  off-the-event-loop check (what the API runs before admission).
+  for `auto` (the model answers in text or calls) and `none`. `atools_check(spec=)` runs llguidance over each
+  function's parameters the grammar uses, through response_format's cached, off-the-event-loop check (what
+  the API runs before admission).
 - `ToolHistory`: per request, normalises assistant messages with `tool_calls` and `role: "tool"` messages
   (a tool message must answer a call of the assistant message before it; every call must be answered
   before the conversation goes on).
@@ -24,7 +24,7 @@ from inference.api.fields import brief, invalid, text_check, type_error
 from inference.api.response_format import astructured_check
 from inference.engine.sampling_params import EngineValidationError
 from inference.engine.structured_spec import (
-    MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH, MAX_TOOL_CALLS, MAX_TOOLS, TOOL_NAME, StructuredOutput, check,
+    MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH, MAX_TOOL_CALLS, MAX_TOOLS, TOOL_NAME, StructuredOutput,
 )
 
 CHOICES = ("none", "auto", "required")
@@ -103,25 +103,11 @@ def parse_tools(body: dict) -> ToolSpec | None:
     return spec
 
 
-def tools_check(spec: ToolSpec) -> None:
-    """llguidance over each forced function's parameters (milliseconds each, about a second at worst:
-    run it off the event loop). A schema it cannot read, or a strict one with keywords it cannot enforce,
-    is a 400 naming `tools[i].function.parameters`."""
-    forced = {f["name"] for f in spec.forced()}
-    for index, tool in enumerate(spec.tools):
-        function = tool["function"]
-        if function["name"] not in forced:
-            continue
-        try:
-            check(StructuredOutput("json_schema", function["parameters"], function.get("strict", False)))
-        except EngineValidationError as exc:
-            raise _bad_parameters(function, index, exc) from None
-
-
 async def atools_check(*, spec: ToolSpec) -> None:
-    """`tools_check` for a request being prepared: each forced function's parameters through the cached,
-    off-the-loop check of response_format (its pool, its LRU keyed by the schema, its guard against
-    llguidance's panics); the same 400s."""
+    """llguidance over each forced function's parameters (milliseconds each, about a second at worst), through
+    the cached, off-the-loop check of response_format (its pool, its LRU keyed by the schema, its guard against
+    llguidance's panics). A schema it cannot read, or a strict one with keywords it cannot enforce, is a 400
+    naming `tools[i].function.parameters`; `auto` and `none` force nothing, so nothing is compiled."""
     forced = {f["name"] for f in spec.forced()}
     for index, tool in enumerate(spec.tools):
         function = tool["function"]

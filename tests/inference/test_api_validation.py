@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
@@ -226,25 +225,6 @@ def _fresh_model_cache():
     model_cache_clear()
     yield
     model_cache_clear()
-
-
-@pytest.fixture
-async def asgi_client():
-    from django.db import connections
-
-    from platform_site.asgi import application
-
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://testserver") as client:
-        yield client
-    # ORM calls made off the event loop (sync_to_async) keep a connection in asgiref's
-    # worker thread; close it there, or PostgreSQL refuses to drop the test database.
-    await sync_to_async(connections.close_all)()
-
-
-@pytest.fixture
-def key(api_key_factory, tenant_factory, tier_factory, served_model):
-    tier = tier_factory(allowed_models=["*"], max_output_tokens=256, max_context=2048)
-    return api_key_factory(tenant=tenant_factory(tier=tier)).key
 
 
 @pytest.fixture

@@ -12,9 +12,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-import httpx
 import pytest
-from asgiref.sync import sync_to_async
 
 from common.errors import InvalidRequest
 from inference.api import response_format as rf_module
@@ -267,26 +265,6 @@ def test_a_worker_side_grammar_failure_is_a_400_for_response_format():
 
 
 # ---------------------------------------------------------------- over HTTP: refused before admission
-@pytest.fixture
-async def asgi_client():
-    from django.db import connections
-
-    from platform_site.asgi import application
-
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://testserver") as client:
-        yield client
-    await sync_to_async(connections.close_all)()
-
-
-@pytest.fixture
-def key(api_key_factory, tenant_factory, tier_factory, served_model):
-    from inference.api.model_access import model_cache_clear
-
-    model_cache_clear()
-    tier = tier_factory(allowed_models=["*"], max_output_tokens=256, max_context=2048)
-    return api_key_factory(tenant=tenant_factory(tier=tier)).key
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 async def test_a_bad_schema_is_a_400_before_anything_is_reserved(asgi_client, key, monkeypatch, path):

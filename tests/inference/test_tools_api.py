@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import httpx
 import pytest
-from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer
 
 from common.errors import InvalidRequest
@@ -266,26 +264,6 @@ def test_the_builder_reads_calls_only_with_tools_and_a_choice_other_than_none():
 
 
 # ---------------------------------------------------------------- over HTTP: refused before admission
-@pytest.fixture
-async def asgi_client():
-    from django.db import connections
-
-    from platform_site.asgi import application
-
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://testserver") as client:
-        yield client
-    await sync_to_async(connections.close_all)()
-
-
-@pytest.fixture
-def key(api_key_factory, tenant_factory, tier_factory, served_model):
-    from inference.api.model_access import model_cache_clear
-
-    model_cache_clear()
-    tier = tier_factory(allowed_models=["*"], max_output_tokens=256, max_context=2048)
-    return api_key_factory(tenant=tenant_factory(tier=tier)).key
-
-
 UNENFORCEABLE = {"type": "function", "function": {"name": "tag", "strict": True, "parameters": {
     "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}}}
 
