@@ -13,8 +13,8 @@ metrics from what `endings_write` returns. Nothing here knows of the worker.
 priced where the request ended is never priced again; one that could not be
 priced then (the price table unreadable), or an older worker's spooled row
 written before endings carried their price, is priced when it is written.
-A Batch API line ends the same way, its `batch_id` set (billing.services.batch_lines.batch_line_bill):
-priced at its version's batch price, recorded once on its request id.
+A Batch API line ends the same way, through the worker (its Job's `batch_id`: inference.worker.finish):
+priced at its version's batch price, recorded once on its request id (the line's, kept across retries).
 """
 
 from __future__ import annotations
