@@ -18,7 +18,8 @@ from asgiref.sync import sync_to_async
 from billing.counters import reset_admission_backend
 from billing.counters.memory import MemoryAdmission
 from tests.billing.admission_helpers import Clock
-from tests.inference.test_api_validation import MODEL, asgi_client, chat, check, make_key, post  # noqa: F401
+from tests.inference.api_fixtures import asgi_client  # noqa: F401
+from tests.inference.test_api_validation import MODEL, chat, check, make_key, post  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,8 @@ from billing.counters import reset_admission_backend
 from billing.counters.memory import MemoryAdmission
 from tests.billing.admission_helpers import Clock
 from tests.billing.test_admission_api import _embedded_engine, _pool_closed_after  # noqa: F401 - the fixtures
-from tests.inference.test_api_validation import MODEL, asgi_client, chat, check, post  # noqa: F401
+from tests.inference.api_fixtures import asgi_client  # noqa: F401
+from tests.inference.test_api_validation import MODEL, chat, check, post  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

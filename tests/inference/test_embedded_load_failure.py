@@ -22,7 +22,7 @@ from inference.api import job_run
 from inference.api.job_run import JobRun
 from inference.worker import embedded
 from tests.inference.queue_helpers import OneMailboxReply
-from tests.inference.test_api_validation import asgi_client, check, make_key, post  # noqa: F401
+from tests.inference.test_api_validation import check, make_key, post  # noqa: F401
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from django.core.management import CommandError, call_command
 
 from inference.models import ServedModel
 from tests.gemma_package import gemma3_gguf_path
-from tests.inference.test_api_validation import asgi_client, check, make_key, post  # noqa: F401
+from tests.inference.test_api_validation import check, make_key, post  # noqa: F401
 
 GEMMA = "gemma-3-270m"
 REPO = Path(__file__).resolve().parents[2]

