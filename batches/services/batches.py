@@ -94,11 +94,7 @@ def batch_cancel(*, batch: Batch) -> Batch:
             return batch
         raise ApiError(f"Cannot cancel a batch with status '{batch.status}'.", status=409,
                        code="batch_not_cancellable")
-    if batch_cancel_settle(batch=batch):  # none running: cancelled now, with the files of the lines that ran
-        from batches.services.outputs import batch_files_attach
-
-        batch.refresh_from_db()
-        batch_files_attach(batch=batch)
+    batch_cancel_settle(batch=batch)  # none running: cancelled now, with the files of the lines that ran
     batch.refresh_from_db()
     return batch
 
@@ -107,9 +103,16 @@ def batch_cancel_settle(*, batch: Batch) -> bool:
     """A cancelling batch's pending lines become `cancelled`; once none is running, the batch is `cancelled`
     (True when this call moved it). The runner calls this again as each running line of a cancelling batch
     ends."""
+    from batches.services.outputs import batch_files_write, files_discard
+
     with transaction.atomic():
         BatchLine.objects.filter(batch=batch, status=BatchLine.Status.PENDING).update(
             status=BatchLine.Status.CANCELLED, finished_at=timezone.now())
         if BatchLine.objects.filter(batch=batch, status=BatchLine.Status.RUNNING).exists():
             return False
-        return batch_transition(batch=batch, to=S.CANCELLED)
+        # its files with the move: a client that sees `cancelled` finds them (never a cancelled batch without)
+        output, errors = batch_files_write(batch=batch)
+        if batch_transition(batch=batch, to=S.CANCELLED, output_file=output, error_file=errors):
+            return True
+    files_discard(output, errors)
+    return False

@@ -82,7 +82,12 @@ def batch_files_attach(*, batch: Batch) -> bool:
                 pk=batch.pk, status__in=(S.EXPIRED, S.CANCELLED), output_file__isnull=True,
                 error_file__isnull=True).update(output_file=output, error_file=errors))
     if not attached:
-        for file in (output, errors):
-            if file is not None:
-                file_delete(file=file)
+        files_discard(output, errors)
     return attached
+
+
+def files_discard(*files: StoredFile | None) -> None:
+    """Delete files written for a batch that another call moved first."""
+    for file in files:
+        if file is not None:
+            file_delete(file=file)

@@ -105,7 +105,7 @@ def batch_settle(*, batch: Batch) -> str:
     status = batch_end_check(batch=batch)
     if status == S.FINALIZING:
         batch_files_attach(batch=batch)
-    elif status in (S.CANCELLED, S.EXPIRED) and batch.output_file_id is None and batch.error_file_id is None:
+    elif status == S.EXPIRED and batch.output_file_id is None and batch.error_file_id is None:
         if not BatchLine.objects.filter(batch=batch, status=L.RUNNING).exists():
             batch_files_attach(batch=batch)
     batch.refresh_from_db()
