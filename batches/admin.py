@@ -30,7 +30,7 @@ class StoredFileAdmin(ReadOnlyAdmin):
 @admin.register(Batch)
 class BatchAdmin(ReadOnlyAdmin):
     list_display = ("public_id", "tenant", "endpoint", "model", "status", "total", "completed", "failed",
-                    "created_at", "expires_at")
+                    "input_tokens", "created_at", "expires_at")
     list_filter = ("status", "endpoint")
     search_fields = ("public_id", "tenant__slug", "input_file__public_id")
     list_select_related = ("tenant",)

@@ -30,7 +30,7 @@ class TierModelLimitInline(admin.TabularInline):
 
     model = TierModelLimit
     extra = 0
-    fields = ("model_name", "requests_per_minute", "tokens_per_minute")
+    fields = ("model_name", "requests_per_minute", "tokens_per_minute", "batch_queue_tokens")
     verbose_name = "per-model limit"
     verbose_name_plural = "per-model limits (each tenant, per model, on top of the tier's limits above)"
 

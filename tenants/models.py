@@ -37,6 +37,10 @@ class Tier(models.Model):
     monthly_token_quota = models.BigIntegerField(default=1_000_000, help_text="0 means unlimited")
     allowed_models = models.JSONField(default=list, blank=True, help_text='Model names; ["*"] allows every enabled model')
     price_multiplier = models.DecimalField(max_digits=6, decimal_places=3, default=1)
+    batch_queue_tokens = models.BigIntegerField(
+        default=0, validators=[MinValueValidator(0)],
+        help_text="Batch API: prompt tokens a tenant may have enqueued per model across its unfinished batches "
+                  "(OpenAI's batch queue limit); a per-model limit below replaces it for its model. 0 means unlimited")
 
     class Meta:
         ordering = ["priority", "name"]
@@ -65,6 +69,10 @@ class TierModelLimit(models.Model):
                                                       help_text="Empty: only the tenant-wide limit")
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
                                                     help_text="Empty: only the tenant-wide limit")
+    batch_queue_tokens = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Batch API: prompt tokens enqueued for this model across a tenant's unfinished batches. "
+                  "Empty: the tier's batch queue limit")
 
     class Meta:
         ordering = ["model_name"]  # (not by tier: that would join the tiers into the key rows' prefetch)

@@ -53,6 +53,9 @@ class Batch(models.Model):
     total = models.PositiveIntegerField(default=0)
     completed = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(
+        default=0, help_text="Its lines' prompt tokens, counted at validation: what it holds of the tenant's batch "
+                             "queue for its model while unfinished (tenants.Tier.batch_queue_tokens)")
     created_at = models.DateTimeField(default=now)
     expires_at = models.DateTimeField()
     in_progress_at = models.DateTimeField(null=True, blank=True)

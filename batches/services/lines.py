@@ -3,8 +3,10 @@
 A line is a JSON object `{"custom_id", "method": "POST", "url", "body"}`: `custom_id` unique in the file,
 `url` the batch's endpoint, `body` accepted by the same parser as a live request to that endpoint
 (inference.api.schemas.api_request_parse), for a model the tenant's tier may use, the same model on every
-line. A refusal is a `LineError` (`code`, `message`, `param`, `line`: OpenAI's `errors.data` items); the
-params of the body's own errors name their place in the line (`body.messages[0].role`).
+line; its prompt tokens are counted as the live path counts them (the tenant's batch queue:
+batches.services.queue_limit). A refusal is a `LineError` (`code`, `message`, `param`, `line`: OpenAI's
+`errors.data` items); the params of the body's own errors name their place in the line
+(`body.messages[0].role`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batches.text import body_text, printable_copy, storable
-from common.errors import ApiError
+from common.errors import ApiError, InvalidRequest
 from common.json_body import JsonBodyError, json_loads
+from inference.api.model_access import model_info_from_row
 from inference.api.schemas import CHAT, COMPLETIONS, api_request_parse
+from inference.api.services import prompt_tokens_count
 from inference.selectors import served_model_get_for_tier
 
 # a line's url -> the live parser's endpoint
@@ -53,7 +57,8 @@ class FileCheck:
     tier: object  # tenants.models.Tier
     custom_ids: set[str]
     model: str | None = None
-    models_known: dict[str, bool] | None = None
+    models_known: dict[str, object] | None = None  # name -> its ModelInfo, or None: not served to the tier
+    input_tokens: int = 0  # the accepted lines' prompt tokens (the batch queue limit's measure)
 
 
 def _envelope(raw: bytes) -> dict:
@@ -107,18 +112,28 @@ def _body(line: dict, endpoint: str):
     return request
 
 
-def _model(model: str, check: FileCheck) -> None:
+def _model(model: str, check: FileCheck):
     known = check.models_known if check.models_known is not None else {}
     if model not in known:
-        known[model] = served_model_get_for_tier(tier=check.tier, name=model) is not None
+        known[model] = model_info_from_row(served_model_get_for_tier(tier=check.tier, name=model))
         check.models_known = known
-    if not known[model]:
+    if known[model] is None:
         raise LineRefused("model_not_found", f"The model `{model}` does not exist or you do not have access "
                           "to it.", "body.model")
     if check.model is not None and model != check.model:
         raise LineRefused("mismatched_model", f"The model {model!r} does not match the model of the batch's "
                           f"other requests ({check.model!r}): a batch file holds requests for one model.",
                           "body.model")
+    return known[model]
+
+
+def _prompt_tokens(request, info) -> int:
+    """The line's prompt tokens as the live path counts them; 0 for a prompt the live path refuses (no chat
+    template, a template's refusal): that line fails with the live error when it runs, and holds no queue."""
+    try:
+        return prompt_tokens_count(request=request, model=info)
+    except InvalidRequest:
+        return 0
 
 
 def line_check(*, raw: bytes, check: FileCheck) -> tuple[str, str]:
@@ -129,7 +144,8 @@ def line_check(*, raw: bytes, check: FileCheck) -> tuple[str, str]:
     check.custom_ids.add(custom_id)  # taken even when the rest of its line is refused: a later copy is a duplicate
     endpoint = _method_and_url(line, check)
     request = _body(line, endpoint)
-    _model(request.model, check)
+    info = _model(request.model, check)
     if check.model is None:
         check.model = request.model
+    check.input_tokens += _prompt_tokens(request, info)
     return custom_id, body_text(line["body"])

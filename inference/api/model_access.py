@@ -57,7 +57,7 @@ def _tokenizer_source(row: ServedModel) -> str:
         return row.source
 
 
-def _info_from_row(row: ServedModel | None) -> ModelInfo | None:
+def model_info_from_row(row: ServedModel | None) -> ModelInfo | None:
     if row is None or not row.enabled:
         return None
     return ModelInfo(name=row.name, context_length=row.context_length or DEFAULT_CONTEXT,
@@ -70,7 +70,7 @@ def model_cache_clear() -> None:
 
 async def _read(name: str) -> "ModelInfo | None":
     row = await ServedModel.objects.filter(name=name).afirst() if model_name_plausible(name) else None
-    return _info_from_row(row)
+    return model_info_from_row(row)
 
 
 async def _load(name: str) -> "ModelInfo | None":

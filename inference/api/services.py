@@ -63,17 +63,35 @@ def _load_tokenizer(source: str):
     return load_tokenizer(source)
 
 
+def tokenizer_get(*, model: ModelInfo):
+    """The model's tokenizer (metadata only, cached for the life of the process); a file that cannot be loaded
+    is the operator's problem, not the client's: 503."""
+    tokenizer = _tokenizers.get(model.tokenizer_source)
+    if tokenizer is None:
+        try:
+            tokenizer = _load_tokenizer(model.tokenizer_source)
+        except Exception as exc:
+            raise ServiceUnavailable(f"The tokenizer of `{model.name}` could not be loaded: {exc}",
+                                     code="model_unavailable") from exc
+        _tokenizers.set(model.tokenizer_source, tokenizer)
+    return tokenizer
+
+
 async def atokenizer_get(*, model: ModelInfo):
-    """The model's tokenizer (metadata only, cached); the first load runs off the event loop."""
+    """tokenizer_get; the first load runs off the event loop."""
     tokenizer = _tokenizers.get(model.tokenizer_source)
     if tokenizer is not None:
         return tokenizer
-    try:
-        tokenizer = await asyncio.to_thread(_load_tokenizer, model.tokenizer_source)
-    except Exception as exc:  # a broken model file is the operator's problem, not the client's
-        raise ServiceUnavailable(f"The tokenizer of `{model.name}` could not be loaded: {exc}", code="model_unavailable") from exc
-    _tokenizers.set(model.tokenizer_source, tokenizer)
-    return tokenizer
+    return await asyncio.to_thread(tokenizer_get, model=model)
+
+
+def prompt_tokens_count(*, request: ApiRequest, model: ModelInfo) -> int:
+    """The prompt's token count as `arequest_prepare` would make it, for synchronous callers (a batch's
+    validation). A prompt the live path would refuse (no chat template, a template's refusal, an id outside the
+    vocabulary) raises the same InvalidRequest."""
+    tokenizer = tokenizer_get(model=model)
+    template = chat_template_get(model=model, tokenizer=tokenizer) if request.endpoint == CHAT else None
+    return len(prompt_tokenize(request=request, tokenizer=tokenizer, chat_template=template))
 
 
 def chat_template_get(*, model: ModelInfo, tokenizer) -> str:

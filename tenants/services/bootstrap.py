@@ -34,6 +34,7 @@ DEFAULT_TIERS: dict[str, dict] = {
         "max_output_tokens": 512,
         "max_context": 4096,
         "monthly_token_quota": 2_000_000,
+        "batch_queue_tokens": 2_000_000,
         "price_multiplier": Decimal("1.000"),
     },
     "pro": {
@@ -46,6 +47,7 @@ DEFAULT_TIERS: dict[str, dict] = {
         "max_output_tokens": 4096,
         "max_context": 8192,
         "monthly_token_quota": 200_000_000,
+        "batch_queue_tokens": 200_000_000,
         "allowed_models": ["*"],
         "price_multiplier": Decimal("1.000"),
     },
@@ -59,6 +61,7 @@ DEFAULT_TIERS: dict[str, dict] = {
         "max_output_tokens": 8192,
         "max_context": 8192,
         "monthly_token_quota": 0,  # unlimited; bounded by the tenant's spend limit
+        "batch_queue_tokens": 0,  # unlimited
         "allowed_models": ["*"],
         "price_multiplier": Decimal("0.900"),
     },
