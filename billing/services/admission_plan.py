@@ -63,11 +63,15 @@ def request_scopes(*, auth, model_limit=None) -> list[ScopeLimits]:
             *key_scopes(api_key=auth.api_key)]
 
 
-def worst_case_nanos(*, model: str, tier: str, prompt_tokens: int, max_tokens: int, snapshot) -> int:
-    """The most the request can cost (nano-dollars): no cached prompt token, every one of `max_tokens` used."""
+def worst_case_nanos(*, model: str, tier: str, prompt_tokens: int, max_tokens: int, snapshot,
+                     batch: bool = False) -> int:
+    """The most the request can cost (nano-dollars): no cached prompt token, every one of `max_tokens` used;
+    a Batch API line (`batch`) at the batch price it is billed at."""
     from billing.money import cost_compute
 
     terms = snapshot.terms_at(model, datetime.now(dt_timezone.utc))
+    if batch and terms is not None:
+        terms = snapshot.batch_terms_of(terms)
     cost = cost_compute(terms=terms, multiplier_milli=snapshot.multiplier_milli(tier), prompt_tokens=prompt_tokens,
                         cached_tokens=0, completion_tokens=max_tokens)
     return cost_femtos_to_nanos(cost.total)

@@ -76,8 +76,10 @@ def _scope_label(scope: LimitScope, *, tenant, api_key) -> str:
     return f"tenant {tenant.slug}"
 
 
-async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens: int, max_tokens: int) -> Admission:
-    """Reserve every limit of the request at once, or raise its refusal (see the module docstring)."""
+async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens: int, max_tokens: int,
+                             batch: bool = False) -> Admission:
+    """Reserve every limit of the request at once, or raise its refusal (see the module docstring); a Batch API
+    line (`batch`) reserves its spend at the batch price it is billed at."""
     if not settings.ADMISSION_ENABLED:
         return Admission(request_id=request_id)
     tenant, api_key = auth.tenant, auth.api_key
@@ -87,7 +89,7 @@ async def aadmission_reserve(*, auth, request_id: str, model: str, prompt_tokens
     spend_nanos = None
     if any(limits.monthly_spend_limit_micros for limits in scopes):
         spend_nanos = worst_case_nanos(model=model, tier=auth.tier.name, prompt_tokens=prompt_tokens,
-                                       max_tokens=max_tokens, snapshot=await pricing_snapshot())
+                                       max_tokens=max_tokens, snapshot=await pricing_snapshot(), batch=batch)
     backend = get_admission_backend()
     period = period_current(tz=tenant.timezone or "UTC")
     plan = plan_build(backend=backend, request_id=request_id, scopes=scopes, prompt_tokens=prompt_tokens,

@@ -300,6 +300,7 @@ async def ajob_submit(*, prepared: PreparedRequest):
         prepared.admission = await aadmission_reserve(
             auth=prepared.auth, request_id=prepared.request_id, model=prepared.model.name,
             prompt_tokens=len(prepared.prompt_token_ids), max_tokens=prepared.max_tokens,
+            batch=bool(prepared.batch_id),
         )
     except ApiError as exc:
         refusal_count(model=prepared.model.name, tier=prepared.auth.tier.name, code=exc.code)

@@ -73,3 +73,17 @@ def test_a_failed_line_that_generated_nothing_costs_nothing(tenant, priced):
     (ending,) = endings_write([line_ending(tenant, finish_reason="error", completion_tokens=0, error="boom")])
     assert ending.cost.total == 0
     assert UsageRecord.objects.get(request_id="batch_abc-1").cost_femtos == 0
+
+
+@pytest.mark.django_db
+def test_admission_reserves_a_line_at_the_batch_price(tenant, priced):
+    """A batch line's worst case is reserved at the batch price it is billed at, not the list price: a budget
+    covers as many lines as it can pay for (half the list price by default)."""
+    from billing.services.admission_plan import worst_case_nanos
+    from billing.services.price_cache import pricing_snapshot_load
+
+    snapshot = pricing_snapshot_load()
+    args = dict(model="m", tier=tenant.tier.name, prompt_tokens=1000, max_tokens=100, snapshot=snapshot)
+    live, line = worst_case_nanos(**args), worst_case_nanos(**args, batch=True)
+    assert live == 2_800_000  # 1000 x 2 + 100 x 8 USD per 1M tokens, in nano-dollars
+    assert line == 1_400_000
