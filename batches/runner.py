@@ -11,7 +11,8 @@ Each pass (every BATCH_POLL_S, at once after a line ends):
   live endpoint would (batches.services.line_run): the job runs at the batch engine priority, below every
   tier, so a live request that arrives meanwhile preempts it in the engine's scheduler;
 - a line's outcome is stored once (`batch_line_finish`) and the batch moved on (`batch_settle`: finalizing,
-  files, completed; a cancelling batch's pending lines cancelled, then the batch once none runs);
+  files, completed; a cancelling batch's pending lines cancelled, then the batch once none runs; a batch past
+  its window claimed no more, its pending lines expired, then the batch `expired` with its files once none runs);
 - a refusal that says "later" (rate limits, a full queue) puts the line back and pauses claiming.
 
 A cancelled batch's running lines finish (OpenAI's batches do the same): only lines that ran are billed.
@@ -29,6 +30,7 @@ import time
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.utils import timezone
 
 from batches.models import Batch, BatchLine
 from batches.services.line_run import LineOutcome, aline_run
@@ -60,6 +62,12 @@ def _auth(batch: Batch) -> AuthContext | None:
 def _batches_running() -> list[Batch]:
     return list(Batch.objects.filter(status__in=(S.IN_PROGRESS, S.CANCELLING))
                 .select_related("tenant__tier", "api_key").order_by("created_at", "pk"))
+
+
+def _window_ended(batch: Batch) -> bool:
+    """An in_progress batch past its `expires_at`: none of its lines is claimed any more (batch_settle expires
+    the pending ones, and the batch once its running lines end)."""
+    return batch.status == S.IN_PROGRESS and batch.expires_at <= timezone.now()
 
 
 def _tiers_waiting(model: str) -> bool:
@@ -130,13 +138,13 @@ class BatchRunner:
                 logger.warning("batch runner %s: %d lines whose runner stopped run again", self.name, reaped)
         batches = await sync_to_async(_batches_running)()
         for batch in batches:
-            if batch.status == S.CANCELLING:
-                await sync_to_async(batch_settle)(batch=batch)
+            if batch.status == S.CANCELLING or _window_ended(batch):
+                await sync_to_async(batch_settle)(batch=batch)  # ends it once none of its lines runs
         free = self.max_in_flight - len(self.tasks)
         if free <= 0 or now < self._paused_until:
             return bool(batches)
         for batch in batches:
-            if batch.status != S.IN_PROGRESS or free <= 0:
+            if batch.status != S.IN_PROGRESS or free <= 0 or _window_ended(batch):
                 continue
             if await asyncio.to_thread(_tiers_waiting, batch.model):
                 continue  # live work waits for this model: the batch waits for spare capacity

@@ -25,7 +25,8 @@ def validate_pending() -> int:
 
 @shared_task(name="batches.tasks.expire_batches", ignore_result=True)
 def expire_batches() -> int:
-    """In-progress batches past their completion window: `expired`, their pending lines never run."""
+    """In-progress batches past their completion window: their pending lines never run, each batch `expired`
+    with its files once none of its lines runs (a running line's end settles it; this task, each minute, too)."""
     from batches.services.runs import batches_expire
 
     return batches_expire()

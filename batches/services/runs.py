@@ -7,6 +7,11 @@ finished once: `running → completed | failed` matches only while the same runn
 counts move in that same transaction, so a retried finish neither counts nor bills twice (bill a line when
 `batch_line_finish` returns True; its `request_id` is the usage record's, idempotent per (batch, custom_id)).
 Locks are taken line first, then the batch (as `batch_cancel_settle` does), never the other way round.
+
+A batch whose window ended (`batch_expire_settle`) has its pending lines `expired` at once and is claimed no
+more; it stays `in_progress` while its running lines finish (OpenAI has no "expiring" state), and becomes
+`expired` together with its output and error files once none runs: a client never sees an expired batch
+without its files.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from django.utils import timezone
 
 from batches.models import Batch, BatchLine
 from batches.services.batches import batch_cancel_settle
-from batches.services.outputs import batch_files_attach
+from batches.services.outputs import NOT_RUN, batch_files_attach, batch_files_write, files_discard
 from batches.services.transitions import S, batch_transition
 from batches.text import body_text, printable_copy
 
@@ -27,10 +32,12 @@ L = BatchLine.Status
 
 
 def batch_lines_claim(*, batch: Batch, runner: str, limit: int) -> list[BatchLine]:
-    """Up to `limit` pending lines of an in_progress batch, in file order, now `running` for `runner` (a name
-    unique among live runners); their `request_id` is set once, on the first claim, and kept on a retry."""
+    """Up to `limit` pending lines of an in_progress batch within its window, in file order, now `running` for
+    `runner` (a name unique among live runners); their `request_id` is set once, on the first claim, and kept on
+    a retry. None of a batch past its `expires_at`: its lines left expire (batch_expire_settle)."""
     with transaction.atomic():
-        pending = BatchLine.objects.filter(batch=batch, status=L.PENDING, batch__status=S.IN_PROGRESS)
+        pending = BatchLine.objects.filter(batch=batch, status=L.PENDING, batch__status=S.IN_PROGRESS,
+                                           batch__expires_at__gt=timezone.now())
         if connection.features.has_select_for_update_skip_locked:
             pending = pending.select_for_update(skip_locked=True, of=("self",))
         ids = list(pending.order_by("line_no").values_list("pk", flat=True)[:limit])
@@ -84,28 +91,58 @@ def batch_lines_reap(*, lease_s: float, now=None) -> int:
         status=L.PENDING, claimed_by="", claimed_at=None)
 
 
+def batch_window_ended(*, batch: Batch) -> bool:
+    """Its completion window is over: past `expires_at`, or some of its lines expired already (by a process
+    whose clock, or `batches_expire`'s `now`, ran ahead of this one's)."""
+    return batch.expires_at <= timezone.now() or BatchLine.objects.filter(batch=batch, status=L.EXPIRED).exists()
+
+
+def batch_expire_settle(*, batch: Batch, now=None) -> bool:
+    """An in_progress batch whose window ended: its pending lines become `expired` (never run, never billed);
+    once none is running, the batch is `expired` with its output and error files in the same UPDATE (True when
+    this call moved it; files written by a call that another one beat are deleted). The runner calls this
+    again as each running line of such a batch ends (batch_end_check); any number of calls, in any number of
+    processes, move it once."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        BatchLine.objects.filter(batch=batch, status=L.PENDING, batch__status=S.IN_PROGRESS).update(
+            status=L.EXPIRED, error=NOT_RUN[L.EXPIRED], finished_at=now)
+        if BatchLine.objects.filter(batch=batch, status=L.RUNNING).exists():
+            return False  # stays in_progress, claimed no more; the runner's settle after its last line ends it
+        # its files with the move: a client that sees `expired` finds them (never an expired batch without)
+        output, errors = batch_files_write(batch=batch)
+        if batch_transition(batch=batch, to=S.EXPIRED, output_file=output, error_file=errors):
+            return True
+    files_discard(output, errors)
+    return False
+
+
 def batch_end_check(*, batch: Batch) -> str:
     """Move a batch on once its lines allow: an in_progress batch with no pending or running line to
     `finalizing` (the runner then writes its files: batches.services.outputs.batch_files_attach, which completes it);
-    a cancelling one to `cancelled` once none runs. Returns the batch's status."""
+    one past its window to `expired` with its files once none runs; a cancelling one to `cancelled` once none
+    runs. Returns the batch's status."""
     batch.refresh_from_db()
     if batch.status == S.CANCELLING:
         batch_cancel_settle(batch=batch)
     elif batch.status == S.IN_PROGRESS:
-        if not BatchLine.objects.filter(batch=batch, status__in=(L.PENDING, L.RUNNING)).exists():
+        if batch_window_ended(batch=batch):
+            batch_expire_settle(batch=batch)
+        elif not BatchLine.objects.filter(batch=batch, status__in=(L.PENDING, L.RUNNING)).exists():
             batch_transition(batch=batch, to=S.FINALIZING)
     batch.refresh_from_db()
     return batch.status
 
 
 def batch_settle(*, batch: Batch) -> str:
-    """After a line of `batch` ended, or when none was left to claim: move it on (batch_end_check), and once
-    it is finished write its output and error files (a finalizing batch is then `completed`; a cancelled or
-    expired one keeps its state with the files of the lines that ran). Returns the batch's status."""
+    """After a line of `batch` ended, or when none was left to claim: move it on (batch_end_check: a cancelled
+    or expired batch gets its files with the move), and write a finalizing batch's files (it is then
+    `completed`). Returns the batch's status."""
     status = batch_end_check(batch=batch)
     if status == S.FINALIZING:
         batch_files_attach(batch=batch)
     elif status == S.EXPIRED and batch.output_file_id is None and batch.error_file_id is None:
+        # expired by an earlier release, which moved it first and attached the files after its last line
         if not BatchLine.objects.filter(batch=batch, status=L.RUNNING).exists():
             batch_files_attach(batch=batch)
     batch.refresh_from_db()
@@ -113,17 +150,12 @@ def batch_settle(*, batch: Batch) -> str:
 
 
 def batches_expire(*, now=None) -> int:
-    """In-progress batches past their window become `expired`; their pending lines `expired` (never run, never
-    billed), and their files are written once no line runs. Lines running then finish as usual (the runner
-    writes the files after the last). Returns how many batches expired."""
+    """In-progress batches past their window (at `now`): their pending lines `expired` at once, and each batch
+    `expired` with its files once none of its lines runs (now, or when the runner ends the last:
+    batch_expire_settle). Idempotent: run again, it only ends those whose last line has ended since. Returns
+    how many batches this call moved to `expired`."""
     now = now or timezone.now()
     expired = 0
     for batch in Batch.objects.filter(status=S.IN_PROGRESS, expires_at__lte=now).order_by("pk"):
-        if batch_transition(batch=batch, to=S.EXPIRED):
-            BatchLine.objects.filter(batch=batch, status=L.PENDING).update(
-                status=L.EXPIRED, error={"code": "batch_expired", "message": "This request could not be executed "
-                                         "before the completion window expired."}, finished_at=now)
-            expired += 1
-            batch.refresh_from_db()
-            batch_settle(batch=batch)  # none running: its files now (else when its last running line ends)
+        expired += batch_expire_settle(batch=batch, now=now)
     return expired

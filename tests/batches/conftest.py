@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
+from django.db import connection, connections
 
 from tests.conftest import bearer
 
@@ -97,3 +99,38 @@ def create_batch(api_client, api_key, django_capture_on_commit_callbacks):
             return api_client.post("/v1/batches", body, format="json", **bearer(key or api_key.key))
 
     return create
+
+
+def race(count: int, work) -> list:
+    """Run `work(i)` in `count` threads released together; their results (a thread's exception as its result)."""
+    barrier, results = threading.Barrier(count), [None] * count
+
+    def run(index: int) -> None:
+        try:
+            barrier.wait(10)
+            results[index] = work(index)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            results[index] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+@pytest.fixture
+def batch(input_file, create_batch):
+    """An in_progress batch of five chat lines, c0 to c4."""
+    from batches.models import Batch
+
+    created = create_batch(input_file([chat_line(f"c{n}") for n in range(5)])).json()
+    return Batch.objects.get(public_id=created["id"])
+
+
+# threads writing at once need PostgreSQL: the in-memory SQLite test database refuses a second writer at once
+postgres_only = pytest.mark.skipif(connection.vendor != "postgresql", reason=(
+    "threads writing at once need PostgreSQL: the in-memory SQLite test database refuses a second writer at once"))

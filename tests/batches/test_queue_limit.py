@@ -6,13 +6,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from batches.models import Batch, BatchLine
 from batches.services.transitions import S
-from tests.batches.conftest import MODEL, chat_line
-from tests.batches.test_transitions import _race
+from tests.batches.conftest import MODEL, chat_line, postgres_only, race
 from tests.conftest import bearer
 
 pytestmark = pytest.mark.django_db
@@ -120,10 +118,6 @@ def test_another_tenant_queue_is_its_own(input_file, create_batch, api_client, a
     assert Batch.objects.get(public_id=created.json()["id"]).status == S.IN_PROGRESS
 
 
-postgres_only = pytest.mark.skipif(connection.vendor != "postgresql", reason=(
-    "threads writing at once need PostgreSQL: the in-memory SQLite test database refuses a second writer at once"))
-
-
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_batches_validated_at_once_never_overfill_the_queue(input_file, api_key, tier):
@@ -135,7 +129,7 @@ def test_batches_validated_at_once_never_overfill_the_queue(input_file, api_key,
     batches = [Batch.objects.create(tenant=api_key.api_key.tenant, api_key=api_key.api_key,
                                     endpoint="/v1/chat/completions", expires_at=expires,
                                     input_file=_stored(input_file(_lines(f"r{n}")))) for n in range(8)]
-    results = _race(8, lambda i: batch_validate(batch_id=batches[i].pk).status)
+    results = race(8, lambda i: batch_validate(batch_id=batches[i].pk).status)
     assert not [r for r in results if isinstance(r, Exception)], results
     assert sorted(results).count(S.IN_PROGRESS) == 3 and results.count(S.FAILED) == 5, results
 

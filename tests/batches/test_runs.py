@@ -6,22 +6,15 @@ from datetime import timedelta
 
 import pytest
 
-from batches.models import Batch, BatchLine
+from batches.models import BatchLine
 from batches.services.outputs import batch_files_attach
 from batches.services.runs import (
     batch_end_check, batch_line_finish, batch_lines_claim, batch_lines_reap, batch_lines_release, batch_lines_renew,
     batch_settle, batches_expire,
 )
-from tests.batches.conftest import chat_line
 
 pytestmark = pytest.mark.django_db
 L = BatchLine.Status
-
-
-@pytest.fixture
-def batch(input_file, create_batch):
-    created = create_batch(input_file([chat_line(f"c{n}") for n in range(5)])).json()
-    return Batch.objects.get(public_id=created["id"])
 
 
 def test_claim_in_file_order_and_never_twice(batch):
@@ -77,14 +70,18 @@ def test_a_cancelled_batch_ends_when_its_running_lines_do(batch):
 
 
 def test_expired_batches_leave_their_pending_lines_unrun(batch):
-    batch_lines_claim(batch=batch, runner="r", limit=1)
+    [running] = batch_lines_claim(batch=batch, runner="r", limit=1)
     assert batches_expire() == 0
-    assert batches_expire(now=batch.expires_at + timedelta(seconds=1)) == 1
+    assert batches_expire(now=batch.expires_at + timedelta(seconds=1)) == 0  # one runs: not expired yet
     batch.refresh_from_db()
-    assert batch.status == "expired" and batch.expired_at is not None
+    assert batch.status == "in_progress" and batch.expired_at is None
     assert BatchLine.objects.filter(status=L.EXPIRED).count() == 4
     assert BatchLine.objects.filter(status=L.EXPIRED).first().error["code"] == "batch_expired"
     assert batch_lines_claim(batch=batch, runner="r", limit=10) == []
+    batch_line_finish(line=running, runner="r", status_code=200, body={})
+    assert batches_expire(now=batch.expires_at + timedelta(seconds=1)) == 1
+    batch.refresh_from_db()
+    assert batch.status == "expired" and batch.expired_at is not None
 
 
 def test_lines_refused_for_now_go_back_alone(batch):
@@ -119,17 +116,28 @@ def test_settle_writes_the_files_once_the_last_line_ends(batch):
     assert batch.output_file_id is not None and batch.error_file_id is not None
 
 
-def test_settle_gives_an_expired_batch_the_files_of_the_lines_that_ran(batch):
+def test_settle_expires_a_batch_with_the_files_of_the_lines_that_ran(batch):
     [line] = batch_lines_claim(batch=batch, runner="r", limit=1)
     batches_expire(now=batch.expires_at + timedelta(seconds=1))
     batch.refresh_from_db()
-    assert batch_settle(batch=batch) == "expired" and batch.output_file_id is None  # one still runs
+    assert batch_settle(batch=batch) == "in_progress" and batch.output_file_id is None  # one still runs
     batch_line_finish(line=line, runner="r", status_code=200, body={})
     assert batch_settle(batch=batch) == "expired"
     assert batch.output_file_id is not None and batch.error_file_id is not None  # 1 answer, 4 expired
+
+
+def test_settle_attaches_the_files_of_a_batch_expired_before_them(batch):
+    """A batch an earlier release moved to `expired` while a line ran gets its files when that line ends."""
+    from batches.services.transitions import batch_transition
+
+    [line] = batch_lines_claim(batch=batch, runner="r", limit=1)
+    assert batch_transition(batch=batch, to="expired")
+    batch_line_finish(line=line, runner="r", status_code=200, body={})
+    assert batch_settle(batch=batch) == "expired" and batch.output_file_id is not None
 
 
 def test_an_expired_batch_with_nothing_running_gets_its_files_at_once(batch):
     assert batches_expire(now=batch.expires_at + timedelta(seconds=1)) == 1
     batch.refresh_from_db()
     assert batch.status == "expired" and batch.output_file_id is None and batch.error_file_id is not None
+    assert batches_expire(now=batch.expires_at + timedelta(seconds=1)) == 0  # once

@@ -3,14 +3,11 @@ moving one batch exactly one does (two cancels; a cancel racing the validation; 
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection, connections
 
 from batches.models import Batch, BatchLine
 from batches.services.transitions import S, TERMINAL, TRANSITIONS, batch_transition, sources_of
-from tests.batches.conftest import chat_line
+from tests.batches.conftest import chat_line, postgres_only, race
 
 STATES = list(Batch.Status.values)
 
@@ -63,32 +60,6 @@ def test_a_stale_copy_cannot_move_the_batch_again(make_batch):
     assert Batch.objects.get(pk=first.pk).status == S.CANCELLING
 
 
-def _race(count: int, work) -> list:
-    """Run `work(i)` in `count` threads released together; their results (a thread's exception as its result)."""
-    barrier, results = threading.Barrier(count), [None] * count
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait(10)
-            results[index] = work(index)
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            results[index] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return results
-
-
-postgres_only = pytest.mark.skipif(connection.vendor != "postgresql", reason=(
-    "threads writing at once need PostgreSQL: the in-memory SQLite test database refuses a second writer at once "
-    "(test_a_stale_copy_cannot_move_the_batch_again covers the interleaving there)"))
-
-
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_two_cancels_at_once_move_the_batch_once(make_batch):
@@ -96,9 +67,9 @@ def test_two_cancels_at_once_move_the_batch_once(make_batch):
 
     batch = make_batch(lines=3, status=S.IN_PROGRESS)
     BatchLine.objects.filter(custom_id="c1").update(status=BatchLine.Status.RUNNING)
-    moved = _race(8, lambda _: batch_transition(batch=Batch.objects.get(pk=batch.pk), to=S.CANCELLING))
+    moved = race(8, lambda _: batch_transition(batch=Batch.objects.get(pk=batch.pk), to=S.CANCELLING))
     assert sorted(moved) == [False] * 7 + [True]
-    answers = _race(4, lambda _: batch_cancel(batch=Batch.objects.get(pk=batch.pk)).status)
+    answers = race(4, lambda _: batch_cancel(batch=Batch.objects.get(pk=batch.pk)).status)
     assert answers == [S.CANCELLING] * 4
 
 
@@ -108,7 +79,7 @@ def test_two_runners_never_claim_one_line(make_batch):
     from batches.services.runs import batch_lines_claim
 
     batch = make_batch(lines=40, status=S.IN_PROGRESS)
-    claims = _race(4, lambda i: [line.pk for line in batch_lines_claim(batch=batch, runner=f"r{i}", limit=15)])
+    claims = race(4, lambda i: [line.pk for line in batch_lines_claim(batch=batch, runner=f"r{i}", limit=15)])
     taken = [pk for claim in claims for pk in claim]
     assert len(taken) == len(set(taken)) == 40
 
@@ -131,7 +102,7 @@ def test_a_cancel_racing_the_validation_ends_cancelled(input_file, api_key, atte
             return batch_validate(batch_id=batch.pk).status
         return batch_cancel(batch=Batch.objects.get(pk=batch.pk)).status
 
-    results = _race(2, work)
+    results = race(2, work)
     assert not [r for r in results if isinstance(r, Exception)], results
     batch.refresh_from_db()
     assert batch.status == S.CANCELLED
