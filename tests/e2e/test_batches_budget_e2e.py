@@ -20,15 +20,12 @@ batch still ends `completed` (as OpenAI's do when lines failed), and:
 
 from __future__ import annotations
 
-import io
-import json
-import sqlite3
-import time
 from decimal import Decimal
 
 import openai
 import pytest
 
+from tests.e2e.batch_client import create, file_lines, query, records, wait
 from tests.e2e.processes import MODEL, EmbeddedServer, api_key_new, manage
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -37,7 +34,6 @@ TENANT = "t-budget"
 PROMPT = "Count from 1 to 200, separated by commas."
 MAX_TOKENS = 96
 LINES = 12
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 FEMTOS_PER_NANO, NANOS_PER_MICRO = 10**6, 10**3
 
 
@@ -64,12 +60,6 @@ def body() -> dict:
             "temperature": 0}
 
 
-def query(server, sql: str, *args) -> list[dict]:
-    with sqlite3.connect(server.database_url[len("sqlite:///"):], timeout=30) as conn:
-        conn.row_factory = sqlite3.Row
-        return [dict(row) for row in conn.execute(sql, args).fetchall()]
-
-
 def picos(per_million, discount: int) -> int:
     """USD per 1M tokens (at most 6 places) -> pico-dollars per token at the batch price: `discount` percent
     off, half to even to a whole pico-dollar (billing.money's documented rule)."""
@@ -93,35 +83,6 @@ def worst_case_nanos(server, *, prompt_tokens: int) -> int:
     femtos = (prompt_tokens * picos(price["input"], discount)
               + MAX_TOKENS * picos(price["output"], discount)) * int(milli)
     return -(-femtos // FEMTOS_PER_NANO)
-
-
-def upload_and_create(client, lines: list[dict]):
-    content = "\n".join(json.dumps(line) for line in lines).encode() + b"\n"
-    file_id = client.files.create(file=("requests.jsonl", io.BytesIO(content)), purpose="batch").id
-    return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
-
-
-def wait_done(client, batch_id: str, timeout: float = 300):
-    deadline = time.monotonic() + timeout
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in TERMINAL:
-            return batch
-        assert time.monotonic() < deadline, f"batch {batch_id} still {batch.status} {batch.request_counts}"
-        time.sleep(0.3)
-
-
-def file_lines(client, file_id: str | None) -> dict[str, dict]:
-    if file_id is None:
-        return {}
-    text = client.files.content(file_id).text
-    return {line["custom_id"]: line for line in map(json.loads, text.splitlines())}
-
-
-def records(server, batch_id: str) -> dict[str, dict]:
-    """request id -> usage record, of the batch's lines."""
-    rows = query(server, "SELECT * FROM tenants_usagerecord WHERE request_id LIKE ?", batch_id + "-%")
-    return {row["request_id"]: row for row in rows}
 
 
 def budget_set(server, *, worst: int) -> int:
@@ -160,8 +121,8 @@ def test_a_budget_that_runs_out_mid_batch_fails_the_rest_with_insufficient_quota
     budget = budget_set(server, worst=worst)
     lines = [{"custom_id": f"b-{n}", "method": "POST", "url": "/v1/chat/completions", "body": body()}
              for n in range(LINES)]
-    batch = upload_and_create(client, lines)
-    done = wait_done(client, batch.id)
+    batch = create(client, lines)
+    done = wait(client, batch.id)
     assert done.status == "completed", done
     ran, refused = done.request_counts.completed, done.request_counts.failed
     assert (done.request_counts.total, ran + refused) == (LINES, LINES), done.request_counts
@@ -173,7 +134,7 @@ def test_a_budget_that_runs_out_mid_batch_fails_the_rest_with_insufficient_quota
     for line in errors.values():
         assert_refused(line)
     request_ids = {custom_id: line["response"]["request_id"] for custom_id, line in {**output, **errors}.items()}
-    billed = records(server, batch.id)
+    billed = records(server, f"{batch.id}-")
     assert sorted(billed) == sorted(line["response"]["request_id"] for line in output.values())  # once each
     for row in billed.values():
         assert row["batch_id"] == batch.id and row["prompt_tokens"] == prompt_tokens, row

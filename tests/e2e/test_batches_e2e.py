@@ -16,20 +16,17 @@ in the last bits of a logit, as for any live request).
 
 from __future__ import annotations
 
-import io
-import json
-import sqlite3
 import time
 
 import openai
 import pytest
 
+from tests.e2e.batch_client import TERMINAL, create, file_lines, records, wait
 from tests.e2e.processes import MODEL, EmbeddedServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 PROMPTS = ["Name a colour.", "Say hello.", "What is 2+2?", "Name a fruit.", "Name an animal."]
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 @pytest.fixture(scope="module")
@@ -48,42 +45,6 @@ def client(server):
 def body(prompt: str, **fields) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 6, "temperature": 0,
             **fields}
-
-
-def upload(client, lines: list[dict]) -> str:
-    content = "\n".join(json.dumps(line) for line in lines).encode() + b"\n"
-    return client.files.create(file=("requests.jsonl", io.BytesIO(content)), purpose="batch").id
-
-
-def create(client, lines: list[dict]):
-    return client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions",
-                                 completion_window="24h")
-
-
-def wait(client, batch_id: str, until, timeout: float = 300):
-    deadline = time.monotonic() + timeout
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if until(batch):
-            return batch
-        assert time.monotonic() < deadline, f"batch {batch_id} still {batch.status} {batch.request_counts}"
-        time.sleep(0.3)
-
-
-def file_lines(client, file_id: str | None) -> dict[str, dict]:
-    if file_id is None:
-        return {}
-    text = client.files.content(file_id).text
-    return {line["custom_id"]: line for line in map(json.loads, text.splitlines())}
-
-
-def records(server, prefix: str) -> dict[str, dict]:
-    """request id -> the usage record (tokens, costs) of the records whose request id starts with `prefix`."""
-    path = server.database_url[len("sqlite:///"):]
-    with sqlite3.connect(path, timeout=30) as conn:
-        conn.row_factory = sqlite3.Row
-        rows = conn.execute("SELECT * FROM tenants_usagerecord WHERE request_id LIKE ?", (prefix + "%",)).fetchall()
-    return {row["request_id"]: dict(row) for row in rows}
 
 
 def per_token(record: dict) -> tuple[int, int]:
