@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 
 import httpx
@@ -21,6 +22,7 @@ from tests.e2e.processes import MODEL, embedded_server_shared, usage_record_wait
 
 pytestmark = [pytest.mark.slow]
 
+HEARTBEAT_S = 1.0  # the worker loop's heartbeat interval (inference.worker.loop)
 MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 
@@ -197,8 +199,20 @@ def test_closing_a_stream_aborts_and_bills_exactly_the_tokens_the_engine_generat
     def engine_idle(scrape: Scrape) -> bool:
         return scrape.total("llmp:num_requests_running") == 0 and scrape.total("llmp:worker_requests_active") == 0
 
-    before = wait_until(lambda: (lambda s: s if engine_idle(s) else None)(Scrape.get(server.url)), timeout=60,
-                        what="an idle engine before the stream")
+    def settled():
+        """An idle engine whose counters hold still across a heartbeat: a scrape that shows idle gauges
+        can still be the beat from before the previous test's request, with its last tokens not yet counted
+        (CI once saw the previous test's 2 tokens land inside this test's figures)."""
+        first = Scrape.get(server.url)
+        if not engine_idle(first):
+            return None
+        time.sleep(HEARTBEAT_S * 1.5)  # the idle worker loop beats at least once in this time
+        second = Scrape.get(server.url)
+        same = all(second.total(name, model_name=MODEL) == first.total(name, model_name=MODEL)
+                   for name in ("llmp:generation_tokens_total", "llmp:prompt_tokens_total"))
+        return second if engine_idle(second) and same else None
+
+    before = wait_until(settled, timeout=60, what="an idle engine with settled counters before the stream")
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Tell me a very long story."}],
         max_tokens=300, temperature=0.8, seed=3, stream=True, extra_body={"ignore_eos": True})
