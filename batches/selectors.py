@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Sum
 
 from batches.models import Batch, StoredFile
 from common.errors import InvalidRequest
+
+# the states a batch holds its place in the batch queue in (its lines may still run): batches.services.queue_limit
+QUEUED = (Batch.Status.IN_PROGRESS, Batch.Status.FINALIZING, Batch.Status.CANCELLING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,36 @@ def batch_get(*, tenant, batch_id: str) -> Batch | None:
 
 def batches_of(*, tenant) -> QuerySet[Batch]:
     return _batches(tenant)
+
+
+def queued_tokens(*, tenant_id: int, model: str, exclude_pk: int | None = None) -> int:
+    """Prompt tokens the tenant's unfinished batches for `model` hold in its batch queue."""
+    rows = Batch.objects.filter(tenant_id=tenant_id, model=model, status__in=QUEUED)
+    if exclude_pk is not None:
+        rows = rows.exclude(pk=exclude_pk)
+    return int(rows.aggregate(total=Sum("input_tokens"))["total"] or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchQueue:
+    model: str
+    held: int  # prompt tokens of the tenant's unfinished batches for the model
+    limit: int  # 0: none
+
+
+def batch_queues(*, tenant) -> tuple[int, list[BatchQueue]]:
+    """(the tier's limit for every model without its own, one row per model the tenant has batches queued for or
+    the tier limits on its own), as batches.services.queue_limit enforces them."""
+    from tenants.models import TierModelLimit
+
+    tier = tenant.tier
+    own = dict(TierModelLimit.objects.filter(tier=tier, batch_queue_tokens__isnull=False)
+               .values_list("model_name", "batch_queue_tokens"))
+    held = dict(Batch.objects.filter(tenant=tenant, status__in=QUEUED).order_by().values("model")
+                .annotate(total=Sum("input_tokens")).values_list("model", "total"))
+    default = int(tier.batch_queue_tokens or 0)
+    return default, [BatchQueue(model=model, held=int(held.get(model) or 0), limit=int(own.get(model, default)))
+                     for model in sorted(set(own) | set(held))]
 
 
 def _batches(tenant) -> QuerySet[Batch]:

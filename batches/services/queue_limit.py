@@ -9,14 +9,11 @@ that does not fit fails at once with OpenAI's `token_limit_exceeded`, and runs n
 
 from __future__ import annotations
 
-from django.db.models import F, Sum
+from django.db.models import F
 
 from batches.models import Batch
-from batches.services.transitions import S
+from batches.selectors import queued_tokens
 from tenants.models import Tenant, TierModelLimit
-
-# the states a batch holds its tokens in: its lines may still run
-QUEUED = (S.IN_PROGRESS, S.FINALIZING, S.CANCELLING)
 
 
 def batch_queue_limit(*, tier, model: str) -> int:
@@ -35,8 +32,7 @@ def queue_refusal(*, batch: Batch, model: str, input_tokens: int, limit: int) ->
     # a write, not SELECT ... FOR UPDATE: SQLite has no row locks, and a transaction's first write takes its
     # database-wide write lock, so on both databases the sum below is read after any rival's commit
     Tenant.objects.filter(pk=batch.tenant_id).update(slug=F("slug"))
-    held = (Batch.objects.filter(tenant_id=batch.tenant_id, model=model, status__in=QUEUED)
-            .exclude(pk=batch.pk).aggregate(total=Sum("input_tokens"))["total"] or 0)
+    held = queued_tokens(tenant_id=batch.tenant_id, model=model, exclude_pk=batch.pk)
     if held + input_tokens <= limit:
         return None
     if input_tokens > limit:

@@ -9,10 +9,10 @@ from datetime import datetime
 from django.core.paginator import Page, Paginator
 
 from batches.models import Batch, StoredFile
-from batches.selectors import batches_of, file_get
+from batches.selectors import batch_queues, batches_of, file_get
 from tenants.models import Tenant
 
-__all__ = ["PAGE_SIZE", "BatchRow", "batches_page", "file_get"]
+__all__ = ["PAGE_SIZE", "BatchRow", "batch_queues", "batches_page", "file_get"]
 
 PAGE_SIZE = 50
 _FILES = (("input", "input_file"), ("output", "output_file"), ("errors", "error_file"))

@@ -9,7 +9,7 @@ from django.shortcuts import render
 
 from batches.downloads import file_download_response
 from batches.services.files import file_open
-from dashboard.selectors.batches import batches_page, file_get
+from dashboard.selectors.batches import batch_queues, batches_page, file_get
 from dashboard.views.access import membership_or_404
 
 
@@ -17,9 +17,10 @@ from dashboard.views.access import membership_or_404
 def batches(request, slug: str):
     membership = membership_or_404(request, slug)
     page, rows = batches_page(tenant=membership.tenant, number=request.GET.get("page"))
+    queue_limit, queues = batch_queues(tenant=membership.tenant)
     return render(request, "dashboard/batches.html", {
         "membership": membership, "tenant": membership.tenant, "page": "batches", "batches_page": page,
-        "rows": rows,
+        "rows": rows, "queue_limit": queue_limit, "queues": queues,
     })
 
 

@@ -118,3 +118,33 @@ def test_a_deleted_file_is_a_404_and_no_link(tenant_a, member_factory, django_ca
     page = client.get(reverse("dashboard:batches", args=[tenant_a.slug])).content.decode()
     assert url not in page and "output (deleted)" in page
     assert reverse("dashboard:file", args=[tenant_a.slug, batch.input_file.public_id]) in page
+
+
+def _queue_rows(html: str) -> dict[str, tuple[str, str]]:
+    """The batch-queue table's rows: model -> (enqueued tokens, limit)."""
+    import re
+
+    table = html[html.index('<table id="batch-queue">'):]
+    table = table[:table.index("</table>")]
+    rows = re.findall(r'<tr><th scope="row">([^<]+)</th><td>([^<]+)</td><td[^>]*>([^<]+)</td></tr>', table)
+    return {model: (held, limit) for model, held, limit in rows}
+
+
+def test_the_batch_queue_shows_what_unfinished_batches_hold_against_the_limit(tenant_a, tenant_factory,
+                                                                               member_factory):
+    """OpenAI's enqueued-token limit as batches.services.queue_limit enforces it: the tier's for every model,
+    a per-model row's where the tier sets one; held by in_progress, finalizing and cancelling batches only."""
+    from tenants.models import TierModelLimit
+
+    tier = tenant_a.tier
+    tier.batch_queue_tokens = 2_000_000
+    tier.save(update_fields=["batch_queue_tokens"])
+    TierModelLimit.objects.create(tier=tier, model_name="m-own", batch_queue_tokens=50_000)
+    for status, tokens in ((Batch.Status.IN_PROGRESS, 1200), (Batch.Status.CANCELLING, 300),
+                           (Batch.Status.COMPLETED, 9999), (Batch.Status.VALIDATING, 7777)):
+        batch_make(tenant_a, model="m-batch", status=status, input_tokens=tokens)
+    batch_make(tenant_factory(slug="tenant-b", tier=tier), model="m-own", status=Batch.Status.IN_PROGRESS,
+               input_tokens=4000)  # another tenant's queue is its own
+    html = login(member_factory(tenant_a, "viewer")).get(reverse("dashboard:batches", args=[tenant_a.slug])).content
+    assert _queue_rows(html.decode()) == {"m-batch": ("1500", "2000000"), "m-own": ("0", "50000"),
+                                          "every other model": ("0", "2000000")}
