@@ -39,7 +39,8 @@ EXTRA_SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("fuse
 HEADERS = (Path(__file__).with_name("csrc") / "bf16.h",)
 # -fno-trapping-math lets GCC if-convert (and so vectorise) loops with clamps.
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
-ABI_VERSION = 3  # 2: the sliding window argument; 3: rms_norm_rows' weight_f32, q8_matmul's block and output dtype
+ABI_VERSION = 4  # 2: the sliding window argument; 3: rms_norm_rows' weight_f32, q8_matmul's block and output dtype;
+# 4: q5_matmul
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .packed_linear import Int4Groups, Int8Blocks
+from .packed_linear import Int4Groups, Int8Blocks, Q5Blocks
 
 QK_K = 256
 
@@ -245,6 +245,15 @@ def int8_blocks(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | in
     blocks = _as_byte_tensor(raw).reshape(-1, type_size)
     codes = _INT8_CODES[qtype](blocks).reshape(rows, cols)
     return Int8Blocks(codes, _f16(blocks, 0).view(rows, cols // block_values).contiguous())
+
+
+def q5_bytes(raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType | int,
+             shape: tuple[int, int]) -> Q5Blocks | None:
+    """A Q5_0 matrix's own bytes, one row of blocks per output row (None for any other type)."""
+    if GGMLQuantizationType(qtype) != GGMLQuantizationType.Q5_0 or len(shape) != 2:
+        return None
+    rows, cols = shape
+    return Q5Blocks(_as_byte_tensor(raw).reshape(rows, cols // 32 * GGML_QUANT_SIZES[GGMLQuantizationType.Q5_0][1]))
 
 
 _INT8_CODES = {

@@ -33,7 +33,7 @@ from .model_config import ModelConfig, RopeScaling
 if TYPE_CHECKING:  # torch is imported lazily: the tokenizer reads headers in processes that need no torch
     import torch
 
-    from .packed_linear import Int4Groups, Int8Blocks
+    from .packed_linear import Int4Groups, Int8Blocks, Q5Blocks
 
 GGUF_MAGIC = b"GGUF"
 
@@ -246,6 +246,18 @@ class _Tensors:
 
         return self._gather(int8_blocks, Int8Blocks.cat, names, heads)
 
+    def q5_groups(self, names: list[str], heads: list[int | None]) -> Q5Blocks | None:
+        """The Q5_0 bytes of `names` concatenated by rows, or None unless all are Q5_0 and the native kernel
+        multiplies them here (kernels.q8_matmul_cpu.q5_supported)."""
+        from kernels.q8_matmul_cpu import q5_supported
+
+        from .dequant import q5_bytes
+        from .packed_linear import Q5Blocks
+
+        if not q5_supported():
+            return None
+        return self._gather(q5_bytes, Q5Blocks.cat, names, heads)
+
     def _gather(self, convert, cat, names: list[str], heads: list[int | None]):
         """`convert` of each tensor of a fused Linear, Q/K rows unpermuted, joined by `cat`; None if any is None."""
         parts = []
@@ -279,7 +291,7 @@ def _fused_linears(config: ModelConfig, i: int) -> dict[str, tuple[list[str], li
 
 
 def _load_layer(source: _Tensors, config: ModelConfig, i: int, *, int4: bool, int8: bool,
-                state: dict[str, torch.Tensor], packed: dict[str, Int4Groups | Int8Blocks]) -> None:
+                state: dict[str, torch.Tensor], packed: dict[str, Int4Groups | Int8Blocks | Q5Blocks]) -> None:
     """Add layer `i`'s parameters to `state`, and to `packed` its Linears held exactly as 4-bit groups (with
     `int4`) or, failing that, as int8 blocks (with `int8`)."""
     import torch
@@ -291,7 +303,7 @@ def _load_layer(source: _Tensors, config: ModelConfig, i: int, *, int4: bool, in
         names = [f"{s}.weight" for s in sources]
         if int4 and (found := source.int4_groups(names, heads)) is not None:
             packed[linear] = found
-        elif int8 and (blocks := source.int8_groups(names, heads)) is not None:
+        elif int8 and (blocks := source.q5_groups(names, heads) or source.int8_groups(names, heads)) is not None:
             packed[linear] = blocks
     if config.attention_bias:
         state[f"{out}.self_attn.qkv_proj.bias"] = torch.cat(
@@ -307,14 +319,15 @@ def _load_layer(source: _Tensors, config: ModelConfig, i: int, *, int4: bool, in
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_head: bool = False,
-              int8: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Int4Groups | Int8Blocks]]:
+              int8: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Int4Groups | Int8Blocks | Q5Blocks]]:
     """(config, state_dict in LlamaForCausalLM's parameter names on the CPU in `dtype`, packed weights).
 
     With `int4`, the third item maps each Linear (e.g. "layers.0.mlp.gate_up_proj") whose source
     tensors are all Q4_0/Q4_1/Q4_K to its exact 4-bit groups (see packed_linear). With `int8_head`, it also
     maps "lm_head" to the exact int8 blocks of the output weight (the token embedding when tied) when
-    that tensor is Q8_0/Q5_0/Q4_0/Q6_K. With `int8`, each other Linear whose sources are all Q8_0/Q5_0/Q4_0
-    (or all Q6_K) maps to its exact int8 blocks. Otherwise it is empty.
+    that tensor is Q8_0/Q5_0/Q4_0/Q6_K. With `int8`, each other Linear whose sources are all Q5_0 maps to their
+    bytes (Q5Blocks, where the native kernel takes them), else, all Q8_0/Q5_0/Q4_0 (or all Q6_K), to its exact
+    int8 blocks. Otherwise it is empty.
     """
     metadata, infos = read_gguf_header(path)
     config = config_from_gguf_metadata(metadata, set(infos))
@@ -327,7 +340,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype, int4: bool = False, int8_
                                           "output_norm.weight")}
     if not config.tie_word_embeddings:
         state["lm_head.weight"] = source.get("output.weight")
-    packed: dict[str, Int4Groups | Int8Blocks] = {}
+    packed: dict[str, Int4Groups | Int8Blocks | Q5Blocks] = {}
     if int8_head:
         head_name = "token_embd.weight" if config.tie_word_embeddings else "output.weight"
         if (blocks := source.int8_blocks(head_name)):

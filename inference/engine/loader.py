@@ -9,7 +9,7 @@ import torch
 from .gguf_loader import load_gguf
 from .llama import LlamaForCausalLM
 from .model_config import ModelConfig
-from .packed_linear import Int4Groups, Int8Blocks, int4_supported, int8_supported
+from .packed_linear import Int4Groups, Int8Blocks, Q5Blocks, int4_supported, int8_supported
 from .registry import ModelSource, resolve_model
 from .safetensors_loader import load_safetensors
 from .tokenizer import Tokenizer, load_tokenizer
@@ -42,7 +42,7 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device,
-                packed: dict[str, Int4Groups | Int8Blocks] | None = None) -> LlamaForCausalLM:
+                packed: dict[str, Int4Groups | Int8Blocks | Q5Blocks] | None = None) -> LlamaForCausalLM:
     """Instantiate without initialising weights, adopt the loaded tensors, attach packed copies."""
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -52,7 +52,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: tor
     for name, groups in (packed or {}).items():
         if name == "lm_head":
             model.attach_int8_head(groups)
-        elif isinstance(groups, Int8Blocks):
+        elif isinstance(groups, (Int8Blocks, Q5Blocks)):
             model.get_submodule(name).attach_int8(groups)
         else:
             model.get_submodule(name).attach_int4(groups)
@@ -71,7 +71,7 @@ def load_model(name_or_path: str, *, dtype: torch.dtype | str = torch.bfloat16,
     """
     source = resolve_model(name_or_path)
     dtype, device = resolve_dtype(dtype), torch.device(device)
-    packed: dict[str, Int4Groups | Int8Blocks] = {}
+    packed: dict[str, Int4Groups | Int8Blocks | Q5Blocks] = {}
     if source.kind == "gguf":
         config, state, packed = load_gguf(source.path, dtype=dtype,
                                           int4=int4_decode and int4_supported(device, dtype),

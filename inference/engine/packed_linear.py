@@ -20,7 +20,8 @@ LM head (for SmolLM2, the tied 49,152 x 576 token embedding) and, for up to
 `INT8_LAYER_MAX_ROWS` rows, the Linears that have no int4 copy (Gemma 3's
 Q5_0/Q8_0 projections and Q6_K ffn_down); the layer's result is its float32 sum
 rounded once to the layer's dtype (by the kernel), as the dense bf16 GEMM rounds
-its float32 accumulators.
+its float32 accumulators. `Q5Blocks` keeps a Linear whose sources are all Q5_0 as the file's own bytes
+(22 a block, not 36) where the native kernel has a loop for them, with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -96,6 +97,38 @@ class Int8Blocks:
         return q8_dequantize(self.codes, self.scales)
 
 
+@dataclass
+class Q5Blocks:
+    """A Q5_0 weight as the GGUF file holds it: uint8 [N, K / 32 * 22] (per block an fp16 scale, 32 high bits and
+    16 bytes of nibbles). The native kernel reads these 22 bytes a block instead of the int8 form's 36, with the
+    int8 form's very bits (kernels.q8_matmul_cpu.q5_matmul_cpu); kept only where it runs (AVX-512 builds)."""
+
+    blocks: torch.Tensor
+
+    def map_rows(self, fn) -> Q5Blocks:
+        return Q5Blocks(fn(self.blocks))
+
+    @staticmethod
+    def cat(parts: list[Q5Blocks]) -> Q5Blocks:
+        return Q5Blocks(torch.cat([p.blocks for p in parts]))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        from kernels.q8_matmul_cpu import Q5_BYTES
+
+        return self.blocks.shape[0], self.blocks.shape[1] // Q5_BYTES * 32
+
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        from kernels.q8_matmul_cpu import q5_matmul_cpu
+
+        return q5_matmul_cpu(x, self.blocks, out_dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        from kernels.q8_matmul_cpu import q5_to_int8, q8_dequantize
+
+        return q8_dequantize(*q5_to_int8(self.blocks))
+
+
 def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """The int8 LM head and layers: on the CPU in bf16 with the native kernels (which take bf16 or float32 inputs;
     float32 models keep the dense weight, so they stay exactly the dequantised model)."""
@@ -112,7 +145,7 @@ def int4_supported(device: torch.device, dtype: torch.dtype) -> bool:
 class Linear(nn.Linear):
     """nn.Linear plus an optional packed int4 or int8 copy of the weight for few-row inputs."""
 
-    int8: Int8Blocks | None = None
+    int8: Int8Blocks | Q5Blocks | None = None
     int4_weight: torch.Tensor | None = None
     int4_scales_zeros: torch.Tensor | None = None
     prepacked: torch.Tensor | None = None  # oneDNN-blocked copy of the weight (cpu_matmul.prepack)
@@ -136,10 +169,16 @@ class Linear(nn.Linear):
         self.int4_weight = packed
         return True
 
-    def attach_int8(self, blocks: Int8Blocks) -> bool:
+    def attach_int8(self, blocks: Int8Blocks | Q5Blocks) -> bool:
         """Keep `blocks` (which must describe this layer's weight); False if they do not fit or cannot run."""
-        from kernels.q8_matmul_cpu import BLOCKS, block_of
+        from kernels.q8_matmul_cpu import BLOCKS, block_of, q5_supported
 
+        if isinstance(blocks, Q5Blocks):
+            if tuple(blocks.shape) != tuple(self.weight.shape) or not (
+                    int8_supported(self.weight.device, self.weight.dtype) and q5_supported()):
+                return False
+            self.int8 = Q5Blocks(blocks.blocks.contiguous())
+            return True
         if (tuple(blocks.codes.shape) != tuple(self.weight.shape)
                 or block_of(blocks.codes, blocks.scales) not in BLOCKS
                 or not int8_supported(self.weight.device, self.weight.dtype)):

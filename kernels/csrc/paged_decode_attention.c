@@ -692,7 +692,7 @@ int paged_decode_attention(
 }
 
 /* Lets the loader check it has the library it expects. */
-int paged_decode_attention_abi_version(void) { return 3; }
+int paged_decode_attention_abi_version(void) { return 4; }
 
 /* 1 when the AVX2/FMA loops were compiled in, 0 for the portable ones (tests, diagnostics). */
 int paged_decode_attention_uses_avx2(void) { return USE_AVX2; }

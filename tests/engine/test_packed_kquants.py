@@ -19,8 +19,8 @@ from inference.engine.dequant import int4_groups, int8_blocks
 from inference.engine.gguf_loader import load_gguf
 from inference.engine.loader import LoadedModel, build_model, load_model
 from inference.engine.registry import resolve_model
-from inference.engine.packed_linear import Int8Blocks, Linear
-from kernels.q8_matmul_cpu import q8_matmul_cpu
+from inference.engine.packed_linear import Int8Blocks, Linear, Q5Blocks
+from kernels.q8_matmul_cpu import q5_supported, q5_to_int8, q8_matmul_cpu
 from tests.engine.arch_helpers import Q, random_prompt
 from tests.engine.test_dequant import random_blocks
 
@@ -202,3 +202,11 @@ def test_real_gemma3_loads_with_the_packed_paths():
     assert kinds == ({"int8": 2 * layers + layers // 2, "int4": layers + layers // 2} if int4
                      else {"int8": 2 * layers + layers // 2, "dense": layers + layers // 2})
     assert loaded.model.output_int8 is not None
+    # where the kernel has a Q5_0 loop, the all-Q5_0 Linears (gate_up; qkv where v is Q5_0 too) keep the file's
+    # bytes, with the bits of their int8 form
+    q5 = [m for m in loaded.model.modules() if isinstance(m, Linear) and isinstance(m.int8, Q5Blocks)]
+    assert len(q5) == (layers + layers // 2 if q5_supported() else 0)
+    x = torch.randn(2, loaded.config.hidden_size).bfloat16()
+    for linear in q5[:3]:
+        codes, scales = q5_to_int8(linear.int8.blocks)
+        assert torch.equal(linear.forward(x), q8_matmul_cpu(x, codes, scales, torch.bfloat16))

@@ -123,3 +123,72 @@ def test_a_rows_result_does_not_depend_on_the_row_count(block):
     alone = torch.cat([q8.q8_matmul_cpu(x[i:i + 1], codes, scales) for i in range(9)])
     for rows in range(1, 10):
         assert torch.equal(q8.q8_matmul_cpu(x[:rows], codes, scales), alone[:rows]), rows
+
+
+def _q5_case(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Q5_0 bytes [n, k / 32 * 22]: random nibbles and high bits, fp16 scales (some negative, one subnormal)."""
+    g = torch.Generator().manual_seed(seed + n + k)
+    nb = k // 32
+    raw = torch.randint(0, 256, (n, nb, q8.Q5_BYTES), dtype=torch.uint8, generator=g)
+    d = ((torch.rand(n, nb, generator=g) - 0.3) * 0.02).half()
+    d.view(-1)[0] = 2.0 ** -24
+    raw[:, :, 0:2] = d.view(torch.uint8).view(n, nb, 2)
+    return raw.view(n, nb * q8.Q5_BYTES).contiguous()
+
+
+def test_q5_to_int8_is_the_gguf_dequantisation():
+    """The reference unpacking against the loader's own (inference.engine.dequant.int8_blocks) and gguf-py's."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    from inference.engine.dequant import int8_blocks
+
+    raw = _q5_case(7, 96)
+    codes, scales = q8.q5_to_int8(raw)
+    theirs = int8_blocks(raw.numpy(), GGMLQuantizationType.Q5_0, (7, 96))
+    assert torch.equal(codes, theirs.codes) and torch.equal(scales, theirs.scales.float())
+    reference = torch.from_numpy(dequantize(raw.numpy(), GGMLQuantizationType.Q5_0).copy()).reshape(7, 96)
+    assert torch.equal(q8.q8_dequantize(codes, scales), reference.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows,n,k", [(1, 1, 32), (1, 200, 640), (3, 65, 96), (8, 64, 2048), (9, 130, 64)])
+def test_q5_blocks_give_the_bits_of_their_int8_form(dtype, rows, n, k):
+    raw = _q5_case(n, k)
+    x = (torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 2).to(dtype)
+    codes, scales = q8.q5_to_int8(raw)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(q8.q5_matmul_cpu(x, raw, out_dtype), q8.q8_matmul_cpu(x, codes, scales, out_dtype))
+    _check(q8.q5_matmul_cpu(x, raw), x, codes, scales)
+    wide = torch.cat((x, x), dim=1)[:, :k]  # strided rows
+    assert torch.equal(q8.q5_matmul_cpu(wide, raw), q8.q5_matmul_cpu(x, raw))
+
+
+def test_q5_a_rows_result_does_not_depend_on_the_row_count():
+    raw = _q5_case(70, 192)
+    x = torch.randn(9, 192).bfloat16()
+    alone = torch.cat([q8.q5_matmul_cpu(x[i:i + 1], raw) for i in range(9)])
+    for rows in range(1, 10):
+        assert torch.equal(q8.q5_matmul_cpu(x[:rows], raw), alone[:rows]), rows
+
+
+def test_q5_bad_inputs_raise():
+    raw = _q5_case(4, 64)
+    with pytest.raises(ValueError, match="uint8"):
+        q8.q5_matmul_cpu(torch.randn(1, 64), raw[:, :-1])
+    with pytest.raises(ValueError, match="do not match"):
+        q8.q5_matmul_cpu(torch.randn(1, 32), raw)
+
+
+def test_q5_only_where_the_build_has_its_loop(fresh_loader, kernel_config):
+    """An AVX2 build has no Q5_0 loop: the native call says so, q5_supported() is False (the loader then keeps
+    int8 blocks) and q5_matmul_cpu still answers, through the int8 form."""
+    if not {"avx2", "fma"} <= set(_flags()):
+        pytest.skip("no AVX2 + FMA on this CPU")
+    kernel_config(cc=f"{cpu_native.find_compiler()} -mno-avx512f")
+    lib = q8.library()
+    raw, x = _q5_case(33, 64), torch.randn(2, 64)
+    out = torch.empty(2, 33)
+    assert lib.q5_matmul(x.data_ptr(), raw.data_ptr(), out.data_ptr(), 2, 33, 64, 64, 33, 0, 0, 1) == 3
+    assert not q8.q5_supported()
+    codes, scales = q8.q5_to_int8(raw)
+    assert torch.equal(q8.q5_matmul_cpu(x, raw), q8.q8_matmul_cpu(x, codes, scales))
