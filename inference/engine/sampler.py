@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.sequence import Sequence
+from kernels.fused_ops_cpu import argmax_cpu
 
 _NUCLEUS_CANDIDATES = 64  # top-p first looks among this many tokens, sorting all only if needed
 
@@ -96,7 +97,7 @@ class Sampler:
         self._process(logits, seqs)
         greedy = [s.sampling.greedy for s in seqs]
         if all(greedy):
-            tokens = logits.max(dim=-1).indices  # first maximum, like argmax, and cheaper than it on the CPU
+            tokens = argmax_cpu(logits)  # the first maximum, as logits.max(dim=-1).indices (natively on the CPU)
         elif not any(greedy):
             tokens = self._sample_rows(logits, seqs)
         else:
@@ -104,7 +105,7 @@ class Sampler:
             g_rows = [i for i, g in enumerate(greedy) if g]
             r_rows = [i for i, g in enumerate(greedy) if not g]
             idx = _to_device(torch.tensor(g_rows), dev)
-            tokens[idx] = logits[idx].max(dim=-1).indices
+            tokens[idx] = argmax_cpu(logits[idx])
             idx = _to_device(torch.tensor(r_rows), dev)
             tokens[idx] = self._sample_rows(logits[idx], [seqs[i] for i in r_rows])
         pending = PendingSample(tokens, raw_lp, lp_rows, seqs)

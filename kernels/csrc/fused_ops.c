@@ -252,3 +252,50 @@ int64_t store_kv_rows(const void *key, const void *value, void *k_cache, void *v
     }
     return bad;
 }
+
+/* The index of the first maximum of v[0..n) (of the first NaN if there is one), as torch.max(dim=-1).indices
+ * gives it: one pass for the maximum, one for where it first is. For greedy sampling: PyTorch's max with
+ * indices scans a 262,144-logit row in ~225 us on one thread, its value-only max in ~12 us. */
+static int64_t argmax_row(const float *v, int64_t n) {
+    float m = -INFINITY;
+    int nan = 0;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    __mmask16 bad = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 a = _mm512_loadu_ps(v + i);
+        bad |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        mv = _mm512_max_ps(mv, a);
+    }
+    m = _mm512_reduce_max_ps(mv);
+    nan = bad != 0;
+#endif
+    for (; i < n; i++) {
+        if (v[i] != v[i])
+            nan = 1;
+        else if (v[i] > m)
+            m = v[i];
+    }
+    i = 0;
+    if (nan) {
+        for (; i < n; i++)
+            if (v[i] != v[i]) return i;
+    }
+#if defined(__AVX512F__)
+    __m512 target = _mm512_set1_ps(m);
+    for (; i + 16 <= n; i += 16) {
+        __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(v + i), target, _CMP_EQ_OQ);
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+#endif
+    for (; i < n; i++)
+        if (v[i] == m) return i;
+    return 0;
+}
+
+/* out[r] = argmax_row(x + r * sx, n) for float32 rows; rows split across OpenMP threads. */
+void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t sx, int64_t *out, int num_threads) {
+#pragma omp parallel for num_threads(rows > 1 ? num_threads : 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) out[r] = argmax_row(x + r * sx, n);
+}

@@ -192,3 +192,39 @@ def test_unsupported_inputs_fall_back_to_the_reference():
     assert torch.equal(fused.rms_norm_cpu(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5))
     wide = torch.randn(2, 2 * (fused.MAX_HIDDEN + 2))
     assert torch.equal(fused.silu_and_mul_cpu(wide), silu_and_mul_ref(wide))
+
+
+def _argmax_cases() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(5, 262_144, generator=g)
+    rows[1, 7] = rows[1, 200_000] = 50.0  # ties: the first
+    rows[2, -1] = 60.0  # in the tail past the last 16
+    rows[3] = float("-inf")  # all -inf: index 0
+    rows[4, 9] = rows[4, 77] = float("nan")  # a NaN wins, the first one
+    odd = torch.randn(3, 37, generator=g)
+    odd[1, 36] = 9.0
+    odd[2, 0], odd[2, 5] = -0.0, 0.0
+    odd[2, 1:] = -1.0
+    odd[2, 5] = 0.0
+    return [rows, odd, torch.randn(1, 16, generator=g), torch.randn(2, 1, generator=g), rows[:, ::2]]
+
+
+def test_argmax_is_torch_max_indices():
+    """Greedy sampling's argmax (inference.engine.sampler): each row's first maximum, NaN first, as PyTorch's
+    max(dim=-1).indices gives it; strided and other-dtype rows go to PyTorch."""
+    for logits in _argmax_cases():
+        assert torch.equal(fused.argmax_cpu(logits), logits.max(dim=-1).indices), logits.shape
+    for logits in _argmax_cases()[:2]:
+        for sub in (logits[1:3], logits[:1]):  # row views: a row stride of the parent
+            assert torch.equal(fused.argmax_cpu(sub), sub.max(dim=-1).indices)
+    half = _argmax_cases()[0].bfloat16()
+    assert torch.equal(fused.argmax_cpu(half), half.max(dim=-1).indices)
+
+
+def test_argmax_in_a_build_without_avx512(fresh_loader, kernel_config):
+    """The scalar loops (a build with AVX-512 turned off, or a CPU without it) give the same indices."""
+    from kernels import cpu_native
+
+    kernel_config(cc=f"{cpu_native.find_compiler()} -mno-avx512f")
+    for logits in _argmax_cases():
+        assert torch.equal(fused.argmax_cpu(logits), logits.max(dim=-1).indices), logits.shape
