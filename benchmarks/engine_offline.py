@@ -4,11 +4,14 @@
     .venv/bin/python benchmarks/engine_offline.py --requests 16 --concurrency 16 --peers none
     .venv/bin/python benchmarks/engine_offline.py --json                # last line: one JSON object
 
-Engine phases (bfloat16 by default, random token prompts, ignore_eos):
+Engine phases (bfloat16 by default, greedy, ignore_eos):
   prefill       --prefill-requests prompts of --prompt-max tokens, 1 output token each
   single stream one request, --single-prompt-len prompt, --output-len tokens
   main          --requests prompts of --prompt-min..--prompt-max tokens, --output-len tokens each,
                 at most --concurrency in flight (new ones join as others finish)
+--workload random (default) draws random token prompts of those lengths; extractive and chat (chat prompts of
+their own lengths: benchmarks/workloads.py) are requests prefill, single stream, main in turn, and the peers get
+the engine's ids (its single-stream prompt for batch 1, its main prompts cycled for batches).
 Peers: HF transformers `generate` (bfloat16 and float32, batch 1 and 16) on the same GGUF,
 and llama.cpp through llama-cpp-python (2 threads; batch 1, plus a batched decode of
 --llama-batch sequences through its low-level batch API) on the same GGUF file. Each
@@ -29,11 +32,13 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _runtime import runtime_configure_from_env  # noqa: E402
+from workloads import WORKLOADS, cycled, describe, hf_batch, phase_prompts, random_prompts  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -83,10 +88,12 @@ def parse_args(argv=None):
     p.add_argument("--hf-batches", default="1,16")
     p.add_argument("--llama-batch", type=int, default=64, help="sequences in llama.cpp's batched decode (0: skip)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workload", default="random", choices=WORKLOADS, help="the prompts (benchmarks/workloads.py)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="the engine in batch-invariant mode (inference.engine.invariant_mode)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
     p.add_argument("--peer-worker", choices=["hf", "llamacpp"], help=argparse.SUPPRESS)
+    p.add_argument("--peer-prompts", help=argparse.SUPPRESS)  # JSON {"single": ids, "batch": [ids, ...]}
     p.add_argument("--llama-no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -98,11 +105,6 @@ def pct(values, q):
     k = (len(values) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
-
-
-def random_prompts(rng: random.Random, n: int, lo: int, hi: int, vocab: int, banned: set[int]) -> list[list[int]]:
-    ids = [i for i in range(200, vocab) if i not in banned]
-    return [[rng.choice(ids) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
 def machine() -> dict:
@@ -149,7 +151,7 @@ def run_requests(engine, prompts, sampling, concurrency):
             "decode_tok_s": decode_tokens / decode_time if decode_time else None}
 
 
-def bench_engine(args, log) -> dict:
+def bench_engine(args, log) -> tuple[dict, dict]:
     from inference.engine import Engine, EngineConfig, SamplingParams
 
     model_gguf(args.model)
@@ -165,28 +167,27 @@ def bench_engine(args, log) -> dict:
 
     warm = random_prompts(rng, min(args.concurrency, 16), 32, 96, vocab, banned)
     run_requests(engine, warm, sp(8), len(warm))
+    phases = phase_prompts(args, engine.tokenizer, rng, vocab, banned)
 
-    prompts = random_prompts(rng, args.prefill_requests, args.prompt_max, args.prompt_max, vocab, banned)
     t = time.perf_counter()
-    engine.generate(prompts, sp(1))
-    prefill_tok_s = sum(map(len, prompts)) / (time.perf_counter() - t)
-    log(f"prefill: {prefill_tok_s:.0f} tok/s ({len(prompts)} x {args.prompt_max} tokens)")
+    engine.generate(phases["prefill"], sp(1))
+    prefill_tok_s = sum(map(len, phases["prefill"])) / (time.perf_counter() - t)
+    log(f"prefill: {prefill_tok_s:.0f} tok/s ({describe(phases['prefill'])} tokens)")
 
-    single = run_requests(engine, random_prompts(rng, 1, args.single_prompt_len, args.single_prompt_len,
-                                                 vocab, banned), sp(args.output_len), 1)
+    single = run_requests(engine, phases["single"], sp(args.output_len), 1)
     single_tok_s = 1.0 / statistics.mean(single["itl"])
     log(f"single stream: {single_tok_s:.1f} tok/s decode, TTFT {single['ttft'][0] * 1e3:.0f} ms")
 
     before = dict(engine.timers)
     preempted = engine.scheduler.num_preemptions
-    prompts = random_prompts(rng, args.requests, args.prompt_min, args.prompt_max, vocab, banned)
+    prompts = phases["main"]
     main = run_requests(engine, prompts, sp(args.output_len), args.concurrency)
     preempted = engine.scheduler.num_preemptions - preempted
     timers = {k: engine.timers[k] - before[k] for k in before}
     step_total = sum(timers.values())
     overhead = (step_total - timers["model_s"]) / step_total  # scheduling, inputs, sampling, detokenizing
     result = {
-        "output_tok_s": main["output_tokens"] / main["wall_s"],
+        "workload": args.workload, "output_tok_s": main["output_tokens"] / main["wall_s"],
         "decode_tok_s": main["decode_tok_s"],
         "prefill_tok_s": prefill_tok_s,
         "single_stream_tok_s": single_tok_s,
@@ -199,7 +200,7 @@ def bench_engine(args, log) -> dict:
         "overhead_frac": overhead,
         "step_time_split_s": {k: round(v, 3) for k, v in timers.items()},
         "preemptions": preempted, "kv_cache_mib": engine.kv_plan.bytes // 2**20,
-        "kv_cache_tokens": engine.kv_plan.tokens,
+        "kv_cache_tokens": engine.kv_plan.tokens, "single_prompt_tokens": len(phases["single"][0]),
         "requests": args.requests, "concurrency": args.concurrency,
         "prompt_tokens": sum(map(len, prompts)), "output_tokens": main["output_tokens"], "wall_s": main["wall_s"],
     }
@@ -208,7 +209,7 @@ def bench_engine(args, log) -> dict:
         f"overhead {overhead:.1%}; {preempted} preemptions")
     del engine
     gc.collect()
-    return result
+    return result, phases
 
 
 # ---- peers -----------------------------------------------------------------------------------------
@@ -220,23 +221,24 @@ def bench_hf(args, log) -> dict:
     hf_logging.disable_progress_bar()
     path = model_gguf(args.model)
     rng = random.Random(args.seed + 1)
+    fixed = json.loads(Path(args.peer_prompts).read_text()) if args.peer_prompts else None  # a workload's ids
+    warm = slice(None, 16) if fixed is None else slice(-16, None)  # (left-padded: the prompts' ends)
     out = {}
     for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
         vocab = model.config.get_text_config().vocab_size
         for batch in (int(b) for b in args.hf_batches.split(",")):
-            ids = torch.tensor(random_prompts(rng, batch, args.single_prompt_len, args.single_prompt_len,
-                                              vocab, set()))
-            kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+            ids, mask = map(torch.tensor, hf_batch(args, rng, batch, vocab, fixed))
+            kwargs = dict(attention_mask=mask, do_sample=False, pad_token_id=0)
             with torch.inference_mode():
-                model.generate(ids[:, :16], max_new_tokens=4, min_new_tokens=4, **kwargs | {
-                    "attention_mask": torch.ones_like(ids[:, :16])})
+                model.generate(ids[:, warm], max_new_tokens=4, min_new_tokens=4, **kwargs | {
+                    "attention_mask": mask[:, warm]})
                 t = time.perf_counter()
                 model.generate(ids, max_new_tokens=args.output_len, min_new_tokens=args.output_len, **kwargs)
                 dt = time.perf_counter() - t
             out[f"{name}_b{batch}_tok_s"] = batch * args.output_len / dt
             log(f"HF transformers {name} batch {batch}: {out[f'{name}_b{batch}_tok_s']:.1f} tok/s "
-                f"(generate incl. a {args.single_prompt_len}-token prefill)")
+                f"(generate incl. a {ids.shape[1]}-token prefill)")
         del model
         gc.collect()
     return out
@@ -260,18 +262,21 @@ def bench_llama_cpp(args, log) -> dict:
 
         llama_c.llama_model_default_params = without_extra_bufts
 
+    fixed = json.loads(Path(args.peer_prompts).read_text()) if args.peer_prompts else None  # a workload's ids
+    plen = len(fixed["single"]) if fixed else args.single_prompt_len
     llm = llama_cpp.Llama(model_path=str(model_gguf(args.model)), n_threads=2, n_threads_batch=2,
-                          n_ctx=args.single_prompt_len + args.output_len + 64, n_batch=512,
+                          n_ctx=plen + args.output_len + 64, n_batch=512,
                           verbose=bool(os.environ.get("LLAMA_VERBOSE")))
     rng = random.Random(args.seed + 2)
-    prompt = random_prompts(rng, 1, args.single_prompt_len, args.single_prompt_len, llm.n_vocab(), set())[0]
+    prompt = fixed["single"] if fixed else random_prompts(rng, 1, plen, plen, llm.n_vocab(), set())[0]
     llm.reset()
     t = time.perf_counter()
     llm.eval(prompt)
     prefill = len(prompt) / (time.perf_counter() - t)
     times = []
     for _ in range(args.output_len):
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        # (the context's last logits: llm.scores is filled only with logits_all, and has n_batch rows)
+        tok = int(np.argmax(np.ctypeslib.as_array(llama_c.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))))
         t = time.perf_counter()
         llm.eval([tok])
         times.append(time.perf_counter() - t)
@@ -280,7 +285,7 @@ def bench_llama_cpp(args, log) -> dict:
     log(f"llama.cpp batch 1: decode {out['b1_decode_tok_s']:.1f} tok/s, prefill {prefill:.0f} tok/s (2 threads)")
     if args.llama_batch > 1:
         try:
-            out[f"b{args.llama_batch}_decode_tok_s"] = _llama_batched(llm, llama_cpp, args, rng)
+            out[f"b{args.llama_batch}_decode_tok_s"] = _llama_batched(llm, llama_cpp, args, rng, fixed)
             log(f"llama.cpp batched decode ({args.llama_batch} sequences): "
                 f"{out[f'b{args.llama_batch}_decode_tok_s']:.1f} tok/s")
         except Exception as exc:  # the low-level API moves between versions
@@ -288,14 +293,15 @@ def bench_llama_cpp(args, log) -> dict:
     return out
 
 
-def _llama_batched(llm, llama_cpp, args, rng) -> float:
+def _llama_batched(llm, llama_cpp, args, rng, fixed: dict | None) -> float:
     """Aggregate decode rate of B sequences, one llama_decode per step for all of them (what
-    llama-batched-bench measures), in a context of its own with n_seq_max = B."""
+    llama-batched-bench measures), in a context of its own with n_seq_max = B; 32 random tokens a prompt."""
     import numpy as np
 
-    n_seq, plen = args.llama_batch, 32
+    n_seq, vocab = args.llama_batch, llm.n_vocab()
+    prompts = cycled(fixed["batch"], n_seq) if fixed else random_prompts(rng, n_seq, 32, 32, vocab, set())
     params = llama_cpp.llama_context_default_params()
-    params.n_ctx = n_seq * (plen + args.output_len) + 256
+    params.n_ctx = sum(len(p) + args.output_len for p in prompts) + 256
     params.n_batch = params.n_ubatch = 512
     params.n_seq_max = n_seq
     params.n_threads = params.n_threads_batch = 2
@@ -303,7 +309,6 @@ def _llama_batched(llm, llama_cpp, args, rng) -> float:
     ctx = llama_cpp.llama_init_from_model(llm.model, params)
     if not ctx:
         raise RuntimeError("llama_init_from_model failed")
-    vocab = llm.n_vocab()
     batch = llama_cpp.llama_batch_init(512, 0, 1)
     try:
         def submit(entries):  # (token, pos, seq, want_logits)
@@ -315,14 +320,14 @@ def _llama_batched(llm, llama_cpp, args, rng) -> float:
             if status != 0:
                 raise RuntimeError(f"llama_decode returned {status}")
 
-        prompts = random_prompts(rng, n_seq, plen, plen, vocab, set())
         for s, p in enumerate(prompts):
-            submit([(tok, i, s, i == plen - 1) for i, tok in enumerate(p)])
+            for c in range(0, len(p), 512):  # the batch holds 512 tokens
+                submit([(tok, i, s, i == len(p) - 1) for i, tok in enumerate(p[c:c + 512], c)])
         next_tok = [0] * n_seq
         steps = args.output_len // 2
         t = time.perf_counter()
         for step in range(steps):
-            submit([(next_tok[s], plen + step, s, True) for s in range(n_seq)])
+            submit([(next_tok[s], len(prompts[s]) + step, s, True) for s in range(n_seq)])
             for s in range(n_seq):
                 row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, s), shape=(vocab,))
                 next_tok[s] = int(row.argmax())
@@ -345,6 +350,27 @@ def run_peer(name: str, argv: list[str], log, extra: list[str] = ()) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_peers(args, argv: list[str], log, phases: dict) -> dict:
+    """The peers asked for, each in a subprocess; a non-random workload's ids reach them in a JSON file."""
+    peers, results = {"hf", "llamacpp"} if args.peers == "all" else set(args.peers.split(",")) - {"", "none"}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.workload != "random":
+            path = Path(tmp) / "prompts.json"
+            path.write_text(json.dumps({"single": phases["single"][0], "batch": phases["main"]}))
+            argv = [*argv, "--peer-prompts", str(path)]
+        if "llamacpp" in peers:
+            result = run_peer("llamacpp", argv, log)
+            if result.get("error", "").endswith(str(-11)):  # SIGSEGV in the AMX path: retry without it
+                log("llama.cpp crashed (SIGSEGV); retrying with its extra buffer types (AMX/repack) off")
+                result = run_peer("llamacpp", argv, log, ["--llama-no-extra-bufts"])
+                result["note"] = ("AMX/repack buffers off: the default build crashed with SIGSEGV in "
+                                  "ggml_backend_amx_mul_mat")
+            results["llama_cpp"] = result
+        if "hf" in peers:
+            results["hf_transformers"] = run_peer("hf", argv, log)
+    return results
+
+
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -357,18 +383,10 @@ def main(argv=None) -> dict:
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else (lambda msg: print(msg, flush=True))
     info = machine()
     log(f"machine: {info}")
-    results = {"engine": bench_engine(args, log), "peers": {}, "machine": info,
+    engine, phases = bench_engine(args, log)
+    results = {"engine": engine, "workload": args.workload, "peers": run_peers(args, argv, log, phases),
+               "machine": info,
                "args": {k: v for k, v in vars(args).items() if not k.startswith(("peer_", "llama_no"))}}
-    peers = {"hf", "llamacpp"} if args.peers == "all" else {p for p in args.peers.split(",") if p and p != "none"}
-    if "llamacpp" in peers:
-        result = run_peer("llamacpp", argv, log)
-        if result.get("error", "").endswith(str(-11)):  # SIGSEGV in the AMX path: retry without it
-            log("llama.cpp crashed (SIGSEGV); retrying with its extra buffer types (AMX/repack) off")
-            result = run_peer("llamacpp", argv, log, ["--llama-no-extra-bufts"])
-            result["note"] = "AMX/repack buffers off: the default build crashed with SIGSEGV in ggml_backend_amx_mul_mat"
-        results["peers"]["llama_cpp"] = result
-    if "hf" in peers:
-        results["peers"]["hf_transformers"] = run_peer("hf", argv, log)
     results["machine"]["load_avg_1m_end"] = os.getloadavg()[0]
     if args.json:
         print(json.dumps(results))
