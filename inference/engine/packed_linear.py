@@ -123,11 +123,6 @@ class Q5Blocks:
 
         return q5_matmul_cpu(x, self.blocks, out_dtype)
 
-    def dequantize(self) -> torch.Tensor:
-        from kernels.q8_matmul_cpu import q5_to_int8, q8_dequantize
-
-        return q8_dequantize(*q5_to_int8(self.blocks))
-
 
 def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """The int8 LM head and layers: on the CPU in bf16 with the native kernels (which take bf16 or float32 inputs;
