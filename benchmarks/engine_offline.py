@@ -89,6 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--llama-batch", type=int, default=64, help="sequences in llama.cpp's batched decode (0: skip)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workload", default="random", choices=WORKLOADS, help="the prompts (benchmarks/workloads.py)")
+    p.add_argument("--speculative", default="off", choices=["off", "ngram"],
+                   help="speculative decoding in our engine (n-gram prompt lookup)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, help="drafts per step (the engine's default)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="the engine in batch-invariant mode (inference.engine.invariant_mode)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
@@ -119,6 +122,20 @@ def machine() -> dict:
 
 
 # ---- engine ----------------------------------------------------------------------------------------
+def spec_options(args) -> dict:
+    return {} if args.num_speculative_tokens is None else {"num_speculative_tokens": args.num_speculative_tokens}
+
+
+def spec_counters(engine) -> dict | None:
+    """The speculative decoding counters of the whole run, and the acceptance they give."""
+    counters = {k: v for k, v in engine.counters.items() if k.startswith("spec_decode")}
+    if not counters:
+        return None
+    drafted = counters["spec_decode_num_draft_tokens"]
+    counters["acceptance_rate"] = counters["spec_decode_num_accepted_tokens"] / drafted if drafted else None
+    return counters
+
+
 def run_requests(engine, prompts, sampling, concurrency):
     """Feed `prompts` keeping at most `concurrency` in flight; per-request token timestamps."""
     added, tokens, pending = {}, {}, list(enumerate(prompts))
@@ -159,7 +176,8 @@ def bench_engine(args, log) -> tuple[dict, dict]:
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_mb=args.kv_cache_mb,
                                  max_num_seqs=max(args.concurrency, 1),
                                  max_num_batched_tokens=args.max_num_batched_tokens,
-                                 batch_invariant=args.batch_invariant))
+                                 batch_invariant=args.batch_invariant, speculative=args.speculative,
+                                 **spec_options(args)))
     log(f"engine loaded in {time.perf_counter() - t:.1f}s (KV cache {engine.kv_plan.describe()})")
     rng = random.Random(args.seed)
     vocab, banned = engine.vocab_size, set(engine.tokenizer.all_special_ids)
@@ -187,7 +205,8 @@ def bench_engine(args, log) -> tuple[dict, dict]:
     step_total = sum(timers.values())
     overhead = (step_total - timers["model_s"]) / step_total  # scheduling, inputs, sampling, detokenizing
     result = {
-        "workload": args.workload, "output_tok_s": main["output_tokens"] / main["wall_s"],
+        "workload": args.workload, "speculative": args.speculative, "spec_decode": spec_counters(engine),
+        "output_tok_s": main["output_tokens"] / main["wall_s"],
         "decode_tok_s": main["decode_tok_s"],
         "prefill_tok_s": prefill_tok_s,
         "single_stream_tok_s": single_tok_s,

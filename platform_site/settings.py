@@ -198,11 +198,11 @@ ENGINE_KV_CACHE_MB = env_opt("ENGINE_KV_CACHE_MB", int)
 # workers sharing the device (the host's RAM for cpu, one GPU for cuda:N); ENGINE_FREE_MEMORY_MB replaces
 # the figure read from the device (a pinned size, or tests).
 ENGINE_KV_CACHE_FRACTION = env_opt("ENGINE_KV_CACHE_FRACTION", float)
-ENGINE_WORKERS_PER_DEVICE = env_opt("ENGINE_WORKERS_PER_DEVICE", int)
-ENGINE_FREE_MEMORY_MB = env_opt("ENGINE_FREE_MEMORY_MB", int)
+ENGINE_WORKERS_PER_DEVICE, ENGINE_FREE_MEMORY_MB = env_opt("ENGINE_WORKERS_PER_DEVICE", int), env_opt("ENGINE_FREE_MEMORY_MB", int)
 ENGINE_MAX_NUM_SEQS = env_opt("ENGINE_MAX_NUM_SEQS", int)
-ENGINE_CPU_UPCAST_MATMUL = env_opt("ENGINE_CPU_UPCAST_MATMUL")  # auto, 0, 1
-ENGINE_CPU_PREPACK = env_flag("ENGINE_CPU_PREPACK")
+ENGINE_CPU_UPCAST_MATMUL, ENGINE_CPU_PREPACK = env_opt("ENGINE_CPU_UPCAST_MATMUL"), env_flag("ENGINE_CPU_PREPACK")  # auto|0|1
+# speculative decoding (inference.engine.ngram_proposer): off or ngram, and the drafts per step
+ENGINE_SPECULATIVE, ENGINE_NUM_SPECULATIVE_TOKENS = env_opt("ENGINE_SPECULATIVE"), env_opt("ENGINE_NUM_SPECULATIVE_TOKENS", int)
 KERNELS_BACKEND = env_opt("KERNELS_BACKEND")  # auto, ref, cpu, triton
 KERNELS_CPU_NATIVE = env_flag("KERNELS_CPU_NATIVE")
 KERNELS_CACHE_DIR = env_opt("KERNELS_CACHE_DIR")

@@ -83,6 +83,19 @@ class EngineConfig:
     # scales (inference.engine.fp8_linear; fp8_lm_head: the LM head too). Opt-in: it changes the tokens.
     fp8_weights: bool = False
     fp8_lm_head: bool = False
+    # Speculative decoding (inference.engine.ngram_proposer): "ngram" drafts up to num_speculative_tokens tokens
+    # per decoding sequence by prompt lookup (its last spec_ngram_max..spec_ngram_min tokens found earlier in
+    # its own tokens) and verifies them in the step's one forward, while the step's decodes and drafts stay
+    # within speculative_max_rows rows (None: 8 on the CPU, whose few-row kernels stop paying past that,
+    # 256 on CUDA; larger steps are compute-bound). Greedy tokens are the same as without it (float32; in
+    # 16-bit a row's rounding may depend on the step's row count, as batching's does), sampled ones come
+    # from the same distribution. Not with async scheduling. "off": none. 3 drafts: a drafting sequence
+    # fills the 4-row pass of the CPU's packed kernels (BENCHMARKS.md).
+    speculative: str = "off"
+    num_speculative_tokens: int = 3
+    spec_ngram_min: int = 2
+    spec_ngram_max: int = 4
+    speculative_max_rows: int | None = None
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -116,6 +129,16 @@ class EngineConfig:
         check_step_order(self.async_output, self.async_scheduling)
         if self.batch_invariant and self.dtype == "float16" and not self.device.startswith("cuda"):
             raise ValueError("batch_invariant on the CPU takes bfloat16 or float32 (its native matmul has no float16)")
+        if self.speculative not in ("off", "ngram"):
+            raise ValueError(f"speculative must be 'off' or 'ngram', got {self.speculative!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1")
+        if self.speculative_max_rows is not None and self.speculative_max_rows < 2:
+            raise ValueError("speculative_max_rows must be at least 2")
+        if not 1 <= self.spec_ngram_min <= self.spec_ngram_max:
+            raise ValueError("spec_ngram_min and spec_ngram_max need 1 <= min <= max")
+        if self.speculative != "off" and self.async_scheduling:
+            raise ValueError("speculative decoding does not run with async_scheduling (--async-scheduling)")
         if (self.fp8_weights or self.fp8_lm_head) and (self.batch_invariant or self.dtype != "bfloat16"):
             raise ValueError("fp8_weights / fp8_lm_head take a bfloat16 model and no batch_invariant mode")
 

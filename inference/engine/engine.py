@@ -66,7 +66,9 @@ from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import EngineValidationError, PromptTooLongError, SamplingParams
 from inference.engine.scheduler import Scheduler
 from inference.engine.scheduler_policy import PriorityPolicy
+from inference.engine.ngram_proposer import Speculator
 from inference.engine.sequence import Sequence
+from inference.engine.spec_step import SpecSampling
 from inference.engine.step_isolation import EngineDeadError, StepFailureHandler
 from inference.engine.step_meter import StepMeter
 from inference.engine.stop_checker import StopChecker
@@ -108,7 +110,8 @@ class Engine:
         # what decides this engine's tokens, hashed (OpenAI's system_fingerprint; inference.engine.fingerprint)
         self.system_fingerprint = system_fingerprint(weights=loaded.source.path, dtype=dtype, device=self.device,
                                                      backend=get_ops(self.device).backend
-                                                     + "+fp8" * config.fp8_weights + "+fp8_head" * config.fp8_lm_head,
+                                                     + "+fp8" * config.fp8_weights + "+fp8_head" * config.fp8_lm_head
+                                                     + "+ngram" * (config.speculative == "ngram"),
                                                      batch_invariant=config.batch_invariant)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.sampler = Sampler(eos_token_id=self.eos_token_id, seed=config.seed, per_row=config.batch_invariant)
@@ -120,18 +123,22 @@ class Engine:
             self.device.type, config.async_output, config.async_scheduling)
         self._ids = itertools.count()
         self._wire_step()
+        if config.speculative != "off" and self.speculator is None:
+            logger.warning("speculative decoding is off: it does not run with async scheduling (the CUDA default)")
 
     def _build_model_parts(self, config: EngineConfig, num_blocks: int, dtype: torch.dtype) -> None:
         """The KV cache's block manager, the scheduler over it and the model runner."""
         # a model whose every layer is windowed gives back the blocks behind the window (block_manager)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                           window=self.model_config.kv_window)
+        self.speculator = speculator_for(config, self.device.type)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             policy=PriorityPolicy(aging_s=config.priority_aging_s, max_preemptions=config.max_preemptions),
             background_priority=config.background_priority,
+            speculator=self.speculator,
         )
         loaded = self.loaded
         self.runner = ModelRunner(loaded.model, loaded.config, num_blocks=num_blocks,
@@ -154,9 +161,13 @@ class Engine:
                                            tokens=self.tokens, meter=self.meter)
         parts = dict(scheduler=self.scheduler, runner=self.runner, sampler=self.sampler, tokens=self.tokens,
                      failures=self.failures, meter=self.meter)
+        spec = None
+        if self.speculator is not None:
+            spec = SpecSampling(sampler=self.sampler, speculator=self.speculator, tokens=self.tokens,
+                                block_manager=self.block_manager)
         self.step_order: SyncStepOrder | AsyncSchedulingOrder = (
             AsyncSchedulingOrder(block_manager=self.block_manager, **parts) if self.async_scheduling
-            else SyncStepOrder(async_output=self.async_output, **parts))
+            else SyncStepOrder(async_output=self.async_output, spec=spec, **parts))
 
     @property
     def dead(self) -> str | None:
@@ -165,7 +176,9 @@ class Engine:
 
     @property
     def counters(self) -> dict:
-        return self.meter.counters
+        if self.speculator is None:
+            return self.meter.counters
+        return {**self.meter.counters, **self.speculator.counters}
 
     @property
     def timers(self) -> dict:
@@ -288,3 +301,12 @@ class Engine:
             **self.counters,
             **self.timers,
         }
+
+
+def speculator_for(config: EngineConfig, device_type: str) -> Speculator | None:
+    """The engine's draft proposer (speculative decoding), or None: off, or async scheduling in force."""
+    if config.speculative == "off" or resolve_step_order(device_type, config.async_output, config.async_scheduling)[1]:
+        return None
+    max_rows = config.speculative_max_rows or (256 if device_type == "cuda" else 8)
+    return Speculator(num_tokens=config.num_speculative_tokens, min_n=config.spec_ngram_min,
+                      max_n=config.spec_ngram_max, max_rows=max_rows)

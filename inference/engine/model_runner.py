@@ -17,6 +17,11 @@ With async scheduling a sequence's next input may be a token the step in flight
 is still sampling (`Sequence.pending`): its input id is copied on the device from
 that step's sampled tokens (`prev_tokens`, row `Sequence.pending_row`).
 
+A drafting sequence (speculative decoding: `Sequence.spec_tokens`) computes its last known token and its
+drafts as that many one-token queries, each over its own sequence's keys up to its own position (so its rows
+take the decode kernel, as plain decodes, with every draft's K/V written first); each row is sampled:
+`sampling` lists it once per row, in order (the verifier: engine.spec_verify).
+
 With `batch_invariant` (inference.engine.invariant_mode) the metadata also
 carries each row's block table and length, the model takes its batch-invariant
 kernels, and no CUDA graph is captured.
@@ -110,9 +115,7 @@ class ModelRunner:
         rows whose logits are computed, one per sampling sequence. ``prev_tokens``: the sampled token ids
         (on the device) of the step in flight, needed when a sequence's input is its pending token."""
         bs = self.block_size
-        num_decodes = self._num_decodes(num_new_tokens, len(seqs))
-        if num_decodes and num_decodes < len(seqs) and max(num_new_tokens[:num_decodes]) > 1:  # not all in front yet
-            seqs, num_new_tokens = _decodes_first(seqs, num_new_tokens)
+        seqs, num_new_tokens, row_counts, num_decodes = self._layout(seqs, num_new_tokens)
         input_ids: list[int] = []
         patch_at: list[int] = []  # input rows whose token is pending ...
         patch_from: list[int] = []  # ... and their rows in prev_tokens
@@ -141,6 +144,10 @@ class ModelRunner:
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
             else:
+                if seq.spec_tokens:
+                    total = _draft_rows(seq, n, total, bs, input_ids, positions, slots, seq_lens, tables,
+                                        sample_rows, sampling)
+                    continue
                 if end > len(token_ids):  # only a decoding sequence (one new token) can have a pending one
                     raise ValueError(f"{seq.request_id}: {n} new tokens but only {len(token_ids) - start} known")
                 input_ids.extend(token_ids[start:end])
@@ -160,8 +167,22 @@ class ModelRunner:
             if end == len(token_ids) + seq.pending:  # Sequence.samples_after(n)
                 sample_rows.append(total - 1)
                 sampling.append(seq)
-        return self._device_inputs(num_new_tokens, num_decodes, prev_tokens, input_ids, positions, slots, seq_lens,
+        return self._device_inputs(row_counts, num_decodes, prev_tokens, input_ids, positions, slots, seq_lens,
                                    sample_rows, patch_at, patch_from, tables, sampling)
+
+    def _layout(self, seqs: list[Sequence], num_new_tokens: list[int]):
+        """-> (seqs, num_new_tokens, row_counts, num_decodes): the sequences in the order their rows take (decodes
+        first when the step is split), the query length of each row group (a drafting sequence's rows are decodes:
+        one query each, at its own position) and how many of those lead as decodes."""
+        drafting = any(seq.spec_tokens for seq in seqs)
+        kinds = [1 if s.spec_tokens else n for s, n in zip(seqs, num_new_tokens)] if drafting else num_new_tokens
+        num_decodes = self._num_decodes(kinds, len(seqs))
+        if num_decodes and num_decodes < len(seqs) and max(kinds[:num_decodes]) > 1:  # not all in front yet
+            seqs, num_new_tokens = _decodes_first(seqs, num_new_tokens, kinds)
+        if not drafting:
+            return seqs, num_new_tokens, num_new_tokens, num_decodes
+        row_counts = [c for s, n in zip(seqs, num_new_tokens) for c in ((1,) * n if s.spec_tokens else (n,))]
+        return seqs, num_new_tokens, row_counts, sum(num_new_tokens[:num_decodes])
 
     def _num_decodes(self, num_new_tokens: list[int], num_seqs: int) -> int:
         """How many one-token sequences a step runs through the decode kernel (0: every row through the prefill
@@ -241,9 +262,33 @@ class ModelRunner:
         return sampling, logits
 
 
-def _decodes_first(seqs: list[Sequence], num_new_tokens: list[int]) -> tuple[list[Sequence], list[int]]:
-    """The step's sequences (and their new token counts) with the one-token ones first, each group in order."""
-    order = sorted(range(len(seqs)), key=lambda i: num_new_tokens[i] != 1)  # stable
+def _draft_rows(seq: Sequence, n: int, total: int, bs: int, input_ids: list[int], positions: list[int],
+                slots: list[int], seq_lens: list[int], tables: list[array], sample_rows: list[int],
+                sampling: list[Sequence]) -> int:
+    """A drafting sequence's rows, each a one-token query of its own (its last known token, then each draft) over
+    the keys up to its position; every row is sampled. -> the tokens so far."""
+    start, token_ids, table = seq.num_computed_tokens, seq.token_ids, seq.block_table
+    if start != len(token_ids) - 1 or n != 1 + len(seq.spec_tokens):
+        raise ValueError(f"{seq.request_id}: {n} new tokens do not match its {len(seq.spec_tokens)} drafts")
+    copy = _table_array(seq)
+    input_ids.append(token_ids[start])
+    input_ids.extend(seq.spec_tokens)
+    for pos in range(start, start + n):
+        positions.append(pos)
+        slots.append(table[pos // bs] * bs + pos % bs)
+        seq_lens.append(pos + 1)
+        tables.append(copy)
+    sample_rows.extend(range(total, total + n))
+    sampling.extend([seq] * n)
+    return total + n
+
+
+def _decodes_first(seqs: list[Sequence], num_new_tokens: list[int],
+                   kinds: list[int] | None = None) -> tuple[list[Sequence], list[int]]:
+    """The step's sequences (and their new token counts) with the one-token ones first (`kinds`: 1 for those,
+    default `num_new_tokens`), each group in order."""
+    kinds = num_new_tokens if kinds is None else kinds
+    order = sorted(range(len(seqs)), key=lambda i: kinds[i] != 1)  # stable
     return [seqs[i] for i in order], [num_new_tokens[i] for i in order]
 
 

@@ -94,7 +94,7 @@ class Sampler:
         g_rows = [i for i, s in enumerate(seqs) if getattr(s, "grammar", None) is not None]  # (stand-ins lack it)
         if g_rows:
             self._grammar_masker().apply(logits, seqs, g_rows)
-        self._process(logits, seqs)
+        self.process(logits, seqs)
         greedy = [s.sampling.greedy for s in seqs]
         if all(greedy):
             tokens = argmax_cpu(logits)  # the first maximum, as logits.max(dim=-1).indices (natively on the CPU)
@@ -123,7 +123,8 @@ class Sampler:
             self.masker = GrammarMasker(self.eos_token_id)
         return self.masker
 
-    def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Penalties, logit_bias and the min_tokens ban, in place."""
         pen_rows = [i for i, s in enumerate(seqs) if s.sampling.has_penalties]
         if pen_rows:
             apply_penalties(logits, pen_rows, seqs)
@@ -148,6 +149,11 @@ class Sampler:
         return torch.cat([self._sample(logits[i:i + 1], [s]) for i, s in enumerate(seqs)])
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        return inverse_cdf_draw(self.probs(logits, seqs), _to_device(self.uniforms(seqs), logits.device))
+
+    def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The distribution each row draws from (temperature, top-k, top-p, min-p; the logits are processed
+        already); the logits are modified in place."""
         dev = logits.device
         temps = _to_device(torch.tensor([s.sampling.temperature for s in seqs], dtype=logits.dtype), dev)
         logits.div_(temps[:, None])
@@ -161,9 +167,9 @@ class Sampler:
         if any(m > 0.0 for m in min_ps):
             m = _to_device(torch.tensor(min_ps, dtype=probs.dtype), dev)[:, None]
             probs = probs.masked_fill(probs < m * probs.amax(dim=-1, keepdim=True), 0.0)
-        return inverse_cdf_draw(probs, _to_device(self._uniforms(seqs), dev))
+        return probs
 
-    def _uniforms(self, seqs: list[Sequence]) -> torch.Tensor:
+    def uniforms(self, seqs: list[Sequence]) -> torch.Tensor:
         """One uniform per row, drawn on the CPU: a seed gives the same numbers on every device."""
         u = torch.rand(len(seqs), generator=self.generator, dtype=torch.float64)
         for i, s in enumerate(seqs):

@@ -15,6 +15,11 @@ prefix cache, so re-admission usually hits them) and it returns to the
 waiting queue keeping its generated tokens. A waiting sequence that strictly
 outranks the worst running one may preempt it to get a seat or blocks.
 
+With speculative decoding (`speculator`: inference.engine.ngram_proposer) a decoding sequence may take its
+draft tokens too (`Sequence.spec_tokens`): one known token and k drafts, verified when the step's logits are
+sampled; the blocks for all of them are allocated now, and those of rejected drafts are written again by the
+next step (the step order rolls `num_computed_tokens` back to the accepted ones).
+
 With a model whose every layer is windowed, a running sequence gives back the
 blocks behind its window before it grows (BlockManager.release_outside_window),
 so a long sequence holds about window / block_size + 2 blocks and the blocks it
@@ -72,8 +77,10 @@ class Scheduler:
         max_num_batched_tokens: int,
         policy: PriorityPolicy,
         background_priority: int | None = None,
+        speculator=None,
     ) -> None:
         self.bm = block_manager
+        self.speculator = speculator  # drafts for decoding sequences (inference.engine.ngram_proposer.Speculator)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
@@ -128,6 +135,10 @@ class Scheduler:
         allocate = self.bm.allocate
         release = self.bm.release_outside_window if self.bm.window else None
         add_seq, add_n = batch.seqs.append, batch.num_new_tokens.append
+        spec = self.speculator
+        room = 0 if spec is None else spec.step_room(len(running))
+        if room <= 0:
+            spec = None  # a large batch is compute-bound: drafts would cost what they save
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -139,6 +150,12 @@ class Scheduler:
             n = len(seq.token_ids) + pending - computed  # a pending token is its next input
             if n > budget:
                 n = budget
+            if spec is not None and n == 1:
+                drafts = seq.spec_tokens = spec.propose(seq, min(budget - 1, room))
+                n += len(drafts)
+                room -= len(drafts)
+                if room <= 0:
+                    spec = None
             if release is not None:
                 release(seq)
             if not allocate(seq, n) and not self._preempt_until_allocated(seq, n, batch):
@@ -164,9 +181,12 @@ class Scheduler:
         spare capacity (the Batch API's lines). A decode-only step runs them all."""
         background = self.background_priority
         seqs, counts = batch.seqs, batch.num_new_tokens
-        if not any(n > 1 and seq.priority < background for seq, n in zip(seqs, counts)):
+        if not any(n - len(seq.spec_tokens) > 1 and seq.priority < background for seq, n in zip(seqs, counts)):
             return
         kept = [(seq, n) for seq, n in zip(seqs, counts) if seq.priority < background]
+        for seq in seqs:
+            if seq.priority >= background:
+                seq.spec_tokens = []
         if len(kept) < len(seqs):
             seqs[:] = [seq for seq, _ in kept]
             counts[:] = [n for _, n in kept]
@@ -221,6 +241,7 @@ class Scheduler:
         self.running.remove(victim)
         self.bm.free(victim)
         victim.num_computed_tokens = 0
+        victim.spec_tokens = []
         victim.num_preemptions += 1
         victim.status = SeqStatus.WAITING
         self.waiting.append(victim)

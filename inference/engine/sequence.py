@@ -29,6 +29,7 @@ class Sequence:
         "num_registered_blocks", "cached_tokens", "admitted", "num_preemptions", "first_scheduled_time", "first_token_time",
         "finish_time", "finish_reason", "stop_reason", "generator", "max_tokens", "detok", "stopper",
         "counts", "order", "table_array", "table_array_of", "pending", "pending_row", "grammar",
+        "spec_tokens", "spec_state",
     )
 
     def __init__(
@@ -76,6 +77,10 @@ class Sequence:
         # the row of the latest one in its step's sampled tokens (where the next step's input comes from)
         self.pending = 0
         self.pending_row = 0
+        # speculative decoding: this step's draft tokens (computed after its last known token, verified when the
+        # step's logits are sampled, never part of token_ids) and its acceptance history (engine.ngram_proposer)
+        self.spec_tokens: list[int] = []
+        self.spec_state = None
 
     @property
     def num_tokens(self) -> int:
@@ -95,7 +100,7 @@ class Sequence:
 
     def samples_after(self, num_new_tokens: int) -> bool:
         """Whether a step computing `num_new_tokens` more of it reaches its end, so samples a token."""
-        return self.num_computed_tokens + num_new_tokens == len(self.token_ids) + self.pending
+        return self.num_computed_tokens + num_new_tokens == len(self.token_ids) + self.pending + len(self.spec_tokens)
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -30,6 +30,7 @@ from inference.engine.outputs import RequestOutput
 from inference.engine.sampler import Sampler
 from inference.engine.scheduler import ScheduledBatch, Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.spec_step import drop_drafts
 from inference.engine.step_meter import StepMeter
 from inference.engine.token_outputs import TokenOutputs
 
@@ -115,6 +116,7 @@ class StepFailureHandler:
             return []
         logger.warning("engine step of %d requests failed (%s: %s); isolating the cause",
                        len(batch.seqs), type(error).__name__, error)
+        drop_drafts(batch)  # speculative decoding: the parts run again without their drafts
         result = step_isolate(runner=self.runner, sampler=self.sampler, seqs=batch.seqs,
                               num_new_tokens=batch.num_new_tokens)
         tokens = self.tokens

@@ -23,9 +23,13 @@ class StepMeter:
                        "output_s": 0.0}
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
 
-    def count(self, batch: ScheduledBatch, num_sampled: int, now: float) -> None:
-        """A step of `batch` ran at `now` and sampled `num_sampled` tokens; the rest were prompt tokens."""
+    def count(self, batch: ScheduledBatch, num_sampled: int, now: float, *, generated: int | None = None) -> None:
+        """A step of `batch` ran at `now` and sampled `num_sampled` rows, the rest being prompt tokens; it
+        generated `generated` tokens (speculative decoding: the kept drafts and one more per drafting
+        sequence; else one per sampled row)."""
         n_prompt = batch.num_tokens - num_sampled
+        if generated is not None:
+            num_sampled = generated
         self.counters["steps"] += 1
         self.counters["prompt_tokens"] += n_prompt
         self.counters["generated_tokens"] += num_sampled

@@ -17,9 +17,10 @@ from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import RequestOutput
 from inference.engine.sampler import Sampler
 from inference.engine.scheduler import ScheduledBatch, Scheduler
+from inference.engine.spec_step import SpecSampling, drafting
 from inference.engine.step_isolation import StepFailureHandler
 from inference.engine.step_meter import StepMeter
-from inference.engine.token_outputs import Taken, TokenOutputs
+from inference.engine.token_outputs import Taken, TokenOutputs, taken_seq
 
 
 class SyncStepOrder:
@@ -27,7 +28,8 @@ class SyncStepOrder:
     and emits, `failures` handles a step that raises, `meter` counts and times."""
 
     def __init__(self, *, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, tokens: TokenOutputs,
-                 failures: StepFailureHandler, meter: StepMeter, async_output: bool) -> None:
+                 failures: StepFailureHandler, meter: StepMeter, async_output: bool,
+                 spec: SpecSampling | None = None) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.sampler = sampler
@@ -35,6 +37,7 @@ class SyncStepOrder:
         self.failures = failures
         self.meter = meter
         self.async_output = async_output
+        self.spec = spec  # speculative decoding: a step with drafts samples through it (inference.engine.spec_step)
         self.deferred: list[Taken] = []  # async_output: the last step's taken tokens, awaiting their outputs
 
     def holds_work(self) -> bool:
@@ -60,12 +63,13 @@ class SyncStepOrder:
 
     def _run(self, batch: ScheduledBatch, outputs: list[RequestOutput], t1: float) -> list[RequestOutput]:
         """Run the scheduled `batch` (scheduled by `t1`): forward, sampling, its tokens taken."""
+        spec = self.spec if self.spec is not None and drafting(batch) else None
         try:
             inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens)
             t1b = time.perf_counter()
             seqs, logits = self.runner.run(*inputs)
             t2 = time.perf_counter()
-            pending = self.sampler.launch(logits, seqs) if seqs else None
+            pending = (spec or self.sampler).launch(logits, seqs) if seqs else None
         except Exception as exc:  # noqa: BLE001 - pinned to its request(s) below
             return outputs + self._emit_deferred() + self.failures.recover(batch, exc)
         self.scheduler.postprocess(batch)
@@ -73,17 +77,22 @@ class SyncStepOrder:
         if self.async_output:
             outputs += self._emit_deferred()  # the previous step's outputs, while the GPU works
         t2c = time.perf_counter()
+        now = time.time()
+        taken, generated = [], len(seqs)
         try:
-            sampled = self.sampler.finish(pending) if pending is not None else None
+            if spec is not None:
+                t3 = time.perf_counter()
+                taken, generated = spec.take(pending, now, outputs)
+            elif pending is not None:
+                sampled = self.sampler.finish(pending)
+                t3 = time.perf_counter()
+                taken = self.tokens.take_all(seqs, sampled.token_ids, sampled.logprobs, now, outputs)
+            else:
+                t3 = time.perf_counter()
         except Exception as exc:  # noqa: BLE001
             for seq, n in zip(batch.seqs, batch.num_new_tokens):  # undo postprocess: the step is rerun
                 seq.num_computed_tokens -= n
             return outputs + self.failures.recover(batch, exc)
-        t3 = time.perf_counter()
-        now = time.time()
-        taken = []
-        if sampled is not None:
-            taken = self.tokens.take_all(seqs, sampled.token_ids, sampled.logprobs, now, outputs)
         t3b = time.perf_counter()
         if self.async_output:
             self.deferred = taken
@@ -97,11 +106,12 @@ class SyncStepOrder:
         timers["output_s"] += (t2c - t2b) + (t4 - t3b)
         timers["prepare_s"] += t1b - t1
         timers["model_s"] += t2 - t1b
-        self.meter.count(batch, len(seqs), now)
+        self.meter.count(batch, len(seqs), now, generated=generated)
         return outputs
 
     def _emit_deferred(self) -> list[RequestOutput]:
         """The previous step's outputs (async_output)."""
         deferred, self.deferred = self.deferred, []
         # aborted since: its abort notice is the last word
-        return self.tokens.emit_all([taken for taken in deferred if taken[0].finish_reason != "abort"], time.time())
+        return self.tokens.emit_all([taken for taken in deferred if taken_seq(taken).finish_reason != "abort"],
+                                    time.time())

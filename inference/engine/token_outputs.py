@@ -65,20 +65,51 @@ class TokenOutputs:
                 outputs.append(self.fail(seq, exc))
         return taken
 
-    def emit_all(self, taken: list[Taken], now: float) -> list[RequestOutput]:
-        """`emit` for each taken token; one that fails (detokenizing, stop strings) ends its request alone."""
+    def take_run(self, seq: Sequence, tokens: list[int], lps, now: float) -> list[Taken]:
+        """Take several tokens of one sequence (speculative decoding's kept drafts and the token after them),
+        up to the one that finishes it; the rest are dropped (never emitted, never counted)."""
+        run = []
+        for i, token in enumerate(tokens):
+            run.append(self.take(seq, token, None if lps is None else lps[i], now))
+            if seq.status is FINISHED:
+                break
+        return run
+
+    def emit_all(self, taken: list, now: float) -> list[RequestOutput]:
+        """`emit` for each taken token (`emit_run` for a list of one sequence's tokens); one that fails
+        (detokenizing, stop strings) ends its request alone."""
         outputs = []
         emit = self.emit
         for t in taken:
             try:
-                outputs.append(emit(t, now))
+                outputs.append(self.emit_run(t, now) if t.__class__ is list else emit(t, now))
             except Exception as exc:  # noqa: BLE001
-                outputs.append(self.fail(t[0], exc))
+                outputs.append(self.fail(taken_seq(t), exc))
         return outputs
 
-    def emit(self, taken: Taken, now: float) -> RequestOutput:
+    def emit_run(self, run: list[Taken], now: float) -> RequestOutput:
+        """One RequestOutput for several taken tokens of one sequence. A stop string found before the run's
+        last token ends the request there: the tokens after it are taken back (never emitted or counted)."""
+        seq = run[0][0]
+        tokens, text, logprobs = [], "", []
+        for i, t in enumerate(run):
+            last = i == len(run) - 1
+            out = self.emit(t, now, last=last)
+            tokens.append(t[1])
+            text += out.delta_text
+            if out.logprobs:
+                logprobs += out.logprobs
+            if not last and isinstance(seq.stop_reason, str):  # a stop string: the rest of the run goes
+                extra = len(run) - 1 - i
+                del seq.output_token_ids[-extra:]
+                del seq.token_ids[-extra:]
+                break
+        return request_output(seq, tokens, text, logprobs or None, now)
+
+    def emit(self, taken: Taken, now: float, *, last: bool = True) -> RequestOutput:
         """Text delta and stop strings of a taken token, and its RequestOutput. A stop string in the
-        text wins over a length limit reached by the same token."""
+        text wins over a length limit reached by the same token. `last`: the last of its sequence's tokens
+        this step (a finished sequence's detokenizer is flushed then)."""
         seq, token, lp, n_out, stopped_by_token = taken
         stopper = seq.stopper
         text, hit = "", None
@@ -90,7 +121,7 @@ class TokenOutputs:
                     seq.finish_reason = "stop"
                 else:
                     self.scheduler.finish(seq, "stop")
-        if hit is None and seq.status is FINISHED:  # flush what the detokenizer and stop checker hold
+        if hit is None and last and seq.status is FINISHED:  # flush what the detokenizer and stop checker hold
             tail, hit = stopper.feed(seq.detok.finish(), n_out)
             text += tail
             if hit is not None:
@@ -111,3 +142,8 @@ class TokenOutputs:
         out = request_output(seq, [], "", None)
         out.error = f"Engine error: {type(error).__name__}: {error}"
         return out
+
+
+def taken_seq(taken) -> Sequence:
+    """The sequence of a taken token, or of a run of them."""
+    return taken[0][0] if taken.__class__ is list else taken[0]

@@ -49,6 +49,11 @@ PREFIX_CACHE_HITS = Counter(f"{PREFIX}prefix_cache_hits", "Prefix cache hits, in
 NUM_PREEMPTIONS = Counter(f"{PREFIX}num_preemptions", "Cumulative number of preemption from the engine.", LABELS)
 PROMPT_TOKENS = Counter(f"{PREFIX}prompt_tokens", "Number of prefill tokens processed.", LABELS)
 GENERATION_TOKENS = Counter(f"{PREFIX}generation_tokens", "Number of generation tokens processed.", LABELS)
+# speculative decoding (vLLM's spec_decode counters): acceptance rate = accepted / draft tokens; accepted
+# tokens per drafting step = 1 + accepted / drafts
+SPEC_DRAFTS = Counter(f"{PREFIX}spec_decode_num_drafts", "Number of spec decoding drafts.", LABELS)
+SPEC_DRAFT_TOKENS = Counter(f"{PREFIX}spec_decode_num_draft_tokens", "Number of draft tokens.", LABELS)
+SPEC_ACCEPTED_TOKENS = Counter(f"{PREFIX}spec_decode_num_accepted_tokens", "Number of accepted tokens.", LABELS)
 
 # engine stats key -> the counter that follows it
 _CUMULATIVE = {
@@ -57,6 +62,9 @@ _CUMULATIVE = {
     "preemptions": NUM_PREEMPTIONS,
     "prompt_tokens": PROMPT_TOKENS,
     "generated_tokens": GENERATION_TOKENS,
+    "spec_decode_num_drafts": SPEC_DRAFTS,
+    "spec_decode_num_draft_tokens": SPEC_DRAFT_TOKENS,
+    "spec_decode_num_accepted_tokens": SPEC_ACCEPTED_TOKENS,
 }
 
 

@@ -58,6 +58,8 @@ def engine_build(
         "free_memory_mb": settings.ENGINE_FREE_MEMORY_MB,
         "max_num_seqs": max_num_seqs or settings.ENGINE_MAX_NUM_SEQS,
         "background_priority": settings.BATCH_ENGINE_PRIORITY,  # the Batch API's lines (batches.runner)
+        "speculative": settings.ENGINE_SPECULATIVE,
+        "num_speculative_tokens": settings.ENGINE_NUM_SPECULATIVE_TOKENS,
     }
     options = {name: value for name, value in options.items() if value is not None}  # None: EngineConfig's default
     if "batch_invariant" not in extra:  # the operator's choice for this model (admin: Served models)

@@ -133,11 +133,11 @@ def test_penalties_and_logit_bias():
     sampler = Sampler(eos_token_id=None)
     s = seq(SamplingParams(temperature=0.0, frequency_penalty=0.5, presence_penalty=1.0), outputs=[7, 7, 7])
     out = logits.clone()
-    sampler._process(out, [s])
+    sampler.process(out, [s])
     assert out[0, 7] == pytest.approx(-(3 * 0.5 + 1.0)) and out[0, 5] == 2.0
     s = seq(SamplingParams(temperature=0.0, repetition_penalty=2.0), prompt=[5], outputs=[6])
     out = logits.clone()
-    sampler._process(out, [s])
+    sampler.process(out, [s])
     assert out[0, 5] == pytest.approx(1.0) and out[0, 6] == pytest.approx(-4.0) and out[0, 8] == 0.0
     s = seq(SamplingParams(temperature=0.0, logit_bias={9: 100.0}))
     assert sampler(logits.clone(), [s]).token_ids == [9]
@@ -154,7 +154,7 @@ def test_min_tokens_masks_eos_and_stop_ids():
     early = seq(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[1]), outputs=[4])
     assert sampler(logits.clone(), [early]).token_ids == [2]
     out = logits.clone()
-    sampler._process(out, [early])
+    sampler.process(out, [early])
     assert math.isinf(out[0, 0]) and math.isinf(out[0, 1])
     late = seq(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[1]), outputs=[4, 4])
     assert sampler(logits.clone(), [late]).token_ids == [0]

@@ -41,6 +41,21 @@ def test_engine_figures_set_the_gauges_and_advance_the_counters_by_what_they_gre
     assert value("llmp:worker_requests_active", model_name=model) == 0
 
 
+def test_speculative_decoding_counters_follow_the_engine_and_are_absent_without_it():
+    model = "unit-spec"
+    metrics = EngineMetrics(model=model)
+    metrics.update(stats(spec_decode_num_drafts=4, spec_decode_num_draft_tokens=12,
+                         spec_decode_num_accepted_tokens=9), active=1)
+    metrics.update(stats(spec_decode_num_drafts=6, spec_decode_num_draft_tokens=18,
+                         spec_decode_num_accepted_tokens=10), active=1)
+    assert value("llmp:spec_decode_num_drafts_total", model_name=model) == 6
+    assert value("llmp:spec_decode_num_draft_tokens_total", model_name=model) == 18
+    assert value("llmp:spec_decode_num_accepted_tokens_total", model_name=model) == 10
+    metrics = EngineMetrics(model="unit-no-spec")
+    metrics.update(stats(generated_tokens=3), active=1)
+    assert value("llmp:spec_decode_num_drafts_total", model_name="unit-no-spec") == 0
+
+
 def record(**fields):
     """An unpriced Ending (billing.services.settlement): what the metrics count."""
     from billing.services.settlement import Ending
