@@ -155,7 +155,7 @@ def run_requests(engine, prompts, sampling, concurrency):
         now = time.perf_counter()
         if decode_only:
             decode_time += now - ts
-            decode_tokens += len(outs)
+            decode_tokens += sum(len(out.new_token_ids) for out in outs)  # several per output with speculation
         for out in outs:
             tokens[out.request_id].extend([now] * len(out.new_token_ids))
             if out.finished:
