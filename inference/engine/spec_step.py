@@ -17,7 +17,7 @@ import torch
 from inference.engine.block_manager import BlockManager
 from inference.engine.ngram_proposer import Speculator
 from inference.engine.outputs import RequestOutput
-from inference.engine.sampler import PendingSample, Sampler
+from inference.engine.sampler import PendingSample, Sampler, SamplerOutput
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence, SeqStatus
 from inference.engine.spec_verify import SpecVerifier, Verified
@@ -28,8 +28,9 @@ FINISHED = SeqStatus.FINISHED
 
 @dataclass(slots=True)
 class SpecPending:
-    plain: PendingSample | None  # the rows of sequences without drafts, sampled as usual
+    plain: PendingSample | None  # the rows of sequences without drafts, sampled as usual ...
     verified: list[Verified]
+    sampled: SamplerOutput | None = None  # ... and read back (`SpecSampling.finish`)
 
 
 def drafting(batch: ScheduledBatch) -> bool:
@@ -73,11 +74,17 @@ class SpecSampling:
             verified = self.verifier.verify(rows, [seqs[i] for i in spec])
         return SpecPending(pending, verified)
 
+    def finish(self, pending: SpecPending) -> SpecPending:
+        """Read the plain rows' tokens back (the drafting rows were verified on the host already)."""
+        if pending.plain is not None:
+            pending.sampled = self.sampler.finish(pending.plain)
+        return pending
+
     def take(self, pending: SpecPending, now: float, outputs: list[RequestOutput]) -> tuple[list, int]:
         """Take the step's tokens -> (taken tokens and runs, for `TokenOutputs.emit_all`; tokens taken)."""
         taken: list = []
-        if pending.plain is not None:
-            sampled = self.sampler.finish(pending.plain)
+        sampled = pending.sampled
+        if sampled is not None:
             taken = self.tokens.take_all(pending.plain.seqs, sampled.token_ids, sampled.logprobs, now, outputs)
         num = len(taken)
         for verified in pending.verified:

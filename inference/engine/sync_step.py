@@ -77,22 +77,21 @@ class SyncStepOrder:
         if self.async_output:
             outputs += self._emit_deferred()  # the previous step's outputs, while the GPU works
         t2c = time.perf_counter()
-        now = time.time()
-        taken, generated = [], len(seqs)
-        try:
-            if spec is not None:
-                t3 = time.perf_counter()
-                taken, generated = spec.take(pending, now, outputs)
-            elif pending is not None:
-                sampled = self.sampler.finish(pending)
-                t3 = time.perf_counter()
-                taken = self.tokens.take_all(seqs, sampled.token_ids, sampled.logprobs, now, outputs)
-            else:
-                t3 = time.perf_counter()
+        try:  # reading the tokens back: a failure here reruns the step
+            sampled = (spec or self.sampler).finish(pending) if pending is not None else None
         except Exception as exc:  # noqa: BLE001
             for seq, n in zip(batch.seqs, batch.num_new_tokens):  # undo postprocess: the step is rerun
                 seq.num_computed_tokens -= n
             return outputs + self.failures.recover(batch, exc)
+        t3 = time.perf_counter()
+        now = time.time()
+        taken, generated = [], len(seqs)
+        if sampled is None:
+            pass
+        elif spec is not None:
+            taken, generated = spec.take(sampled, now, outputs)
+        else:
+            taken = self.tokens.take_all(seqs, sampled.token_ids, sampled.logprobs, now, outputs)
         t3b = time.perf_counter()
         if self.async_output:
             self.deferred = taken
