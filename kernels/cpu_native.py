@@ -164,15 +164,21 @@ def load() -> ctypes.CDLL | None:
         return _loaded["lib"]
 
 
-_bound: set[tuple[int, object]] = set()  # (id of a loaded library, binder) pairs already applied
+# id of a loaded library -> (the library, the binders applied to it). The library is held so that its id is
+# never reused while the entry stands: keyed by a bare id, a library loaded after another was freed could
+# take its id and skip its signatures (ctypes then passes int64 arguments as C ints: CI of 2026-12-05).
+_bound: dict[int, tuple[ctypes.CDLL, set]] = {}
 
 
 def load_bound(bind) -> ctypes.CDLL | None:
     """`load()`, with `bind(lib)` (a module's ctypes signatures) applied once per loaded library."""
     lib = load()
-    if lib is not None and (id(lib), bind) not in _bound:
+    if lib is None:
+        return None
+    _, binders = _bound.setdefault(id(lib), (lib, set()))
+    if bind not in binders:
         bind(lib)
-        _bound.add((id(lib), bind))
+        binders.add(bind)
     return lib
 
 

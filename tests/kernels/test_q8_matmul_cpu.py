@@ -192,3 +192,19 @@ def test_q5_only_where_the_build_has_its_loop(fresh_loader, kernel_config):
     assert not q8.q5_supported()
     codes, scales = q8.q5_to_int8(raw)
     assert torch.equal(q8.q5_matmul_cpu(x, raw), q8.q8_matmul_cpu(x, codes, scales))
+
+
+def test_a_library_loaded_after_another_is_freed_gets_its_signatures(fresh_loader, kernel_config):
+    """Signatures are bound per loaded library even where a later library could take a freed one's id (bound
+    sets keyed by a bare id skipped them: int64 arguments then went as C ints, 'q8_matmul failed with code 1')."""
+    import gc
+
+    for flags in ("-O2", "-O3"):
+        cpu_native._loaded.clear()
+        kernel_config(cc=f"{cpu_native.find_compiler()} {flags}")
+        lib = q8.library()
+        assert lib.q8_matmul.argtypes is not None and lib.q8_matmul.restype is not None
+        x, codes, scales = _case(2, 33, 64, torch.float32)
+        _check(q8.q8_matmul_cpu(x, codes, scales), x, codes, scales)
+        del lib
+        gc.collect()
