@@ -164,18 +164,15 @@ def load() -> ctypes.CDLL | None:
         return _loaded["lib"]
 
 
-# id of a loaded library -> (the library, the binders applied to it). The library is held so that its id is
-# never reused while the entry stands: keyed by a bare id, a library loaded after another was freed could
-# take its id and skip its signatures (ctypes then passes int64 arguments as C ints: CI of 2026-12-05).
-_bound: dict[int, tuple[ctypes.CDLL, set]] = {}
-
-
 def load_bound(bind) -> ctypes.CDLL | None:
-    """`load()`, with `bind(lib)` (a module's ctypes signatures) applied once per loaded library."""
+    """`load()`, with `bind(lib)` (a module's ctypes signatures) applied once per loaded library. The binders
+    applied are kept on the library object itself: a table keyed by id(lib) let a library loaded after another
+    was freed take its id and skip its signatures (ctypes then passed int64 arguments as C ints: CI of
+    2026-12-05)."""
     lib = load()
     if lib is None:
         return None
-    _, binders = _bound.setdefault(id(lib), (lib, set()))
+    binders = lib.__dict__.setdefault("_llmp_binders", set())
     if bind not in binders:
         bind(lib)
         binders.add(bind)
