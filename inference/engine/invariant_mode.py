@@ -18,7 +18,10 @@ computed the same way in any step:
   `Ops.fixed_matmul`, which reduces each output in one fixed order whatever the
   row count (kernels/csrc/fixed_matmul.c on the CPU, kernels/fixed_matmul.py's
   single-configuration Triton kernel on CUDA); a bf16 model with an int8 LM
-  head keeps that head's native kernel, whose rows never interact;
+  head keeps that head's native kernel, whose rows never interact, and a bf16
+  CPU layer with a packed int4 copy multiplies by PyTorch's int4 kernel at
+  every row count (its rows never interact either, and it is 1.2-2x the fixed
+  matmul's speed: packed_linear.Linear.forward, tests/engine/test_invariant_int4.py);
 - attention runs one query row at a time over its own sequence's keys up to
   its own position (`Ops.paged_attention_rows`, kernels/row_attention.py):
   no split depends on the batch, and a prompt token's attention is the same
@@ -30,10 +33,11 @@ computed the same way in any step:
   independent of the batch;
 - CUDA graphs are off (they replay the decode kernel).
 
-The costs (measured by benchmarks/engine_offline.py, see BENCHMARKS.md) are the
-dense weight read at every row count (no packed int4 GEMV for few rows),
-a simpler GEMM than the library's for many rows, and prefill attention read
-row by row. `rows_metadata` builds the per-row attention inputs once a step.
+The costs (measured by benchmarks/batch_invariant_ab.py, see BENCHMARKS.md) are
+one kernel at every row count where the default picks the fastest for each (the
+int4 GEMV for few rows, the library's GEMM for many; on the AVX2 EPYC of
+2026-12-06 each gave a row the same bits at 1-300 rows, switching between them
+does not), and prefill attention read row by row. `rows_metadata` builds the per-row attention inputs once a step.
 """
 
 from __future__ import annotations

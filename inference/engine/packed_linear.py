@@ -186,9 +186,16 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor, fixed=None) -> torch.Tensor:
         """``fixed``: the kernel set's batch-invariant matmul (``Ops.fixed_matmul``), which then multiplies
-        by the dense weight whatever the row count (inference.engine.invariant_mode)."""
+        by the dense weight whatever the row count (inference.engine.invariant_mode), or, where this layer has
+        the packed int4 copy, that one whatever the row count: PyTorch's int4 kernel reduces each output over K
+        in one order for any number of rows and threads (rows tile the work, K is never split), and is
+        1.2-2x the fixed matmul's speed (tests/engine/test_invariant_int4.py checks the invariance)."""
         if fixed is not None:
-            out = fixed(x, self.weight)
+            if self.int4_weight is not None and x.dim() == 2 and x.dtype == self.weight.dtype:
+                out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.int4_weight, GROUP_SIZE,
+                                                                 self.int4_scales_zeros)
+            else:
+                out = fixed(x, self.weight)
             return out if self.bias is None else out + self.bias
         if self.int4_weight is not None and x.dim() == 2 and x.shape[0] <= self.int4_max_rows():
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
