@@ -1,6 +1,6 @@
-"""Few-row matmuls of packed weights against the dense bf16 one, at Gemma 3 270M's layer shapes (CPU).
+"""Few-row matmuls of packed weights against the dense bf16 one, at Gemma 3 270M's or SmolLM2's layer shapes (CPU).
 
-    python benchmarks/packed_matmul.py [--rows 1 2 4 8] [--reps 200] [--json]
+    python benchmarks/packed_matmul.py [--shapes gemma3|smollm2] [--rows 1 2 4 8] [--reps 200] [--json]
 
 Per shape [N, K] and row count: the dense bf16 weight (cpu_matmul's path: prepacked oneDNN or plain),
 the int8 blocks (kernels/q8_matmul_cpu.py, result rounded to bf16 as packed_linear does) and the int4
@@ -25,7 +25,10 @@ import torch  # noqa: E402
 from inference.engine import cpu_matmul  # noqa: E402
 from inference.engine.packed_linear import Int4Groups, Int8Blocks, Linear  # noqa: E402
 
-SHAPES = {"qkv": (1536, 640), "o_proj": (640, 1024), "gate_up": (4096, 640), "down": (640, 2048)}
+SHAPE_SETS = {
+    "gemma3": {"qkv": (1536, 640), "o_proj": (640, 1024), "gate_up": (4096, 640), "down": (640, 2048)},
+    "smollm2": {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)},
+}
 CACHE_BYTES = 32 << 20
 
 
@@ -76,12 +79,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="gemma3")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = []
     print(f"threads {torch.get_num_threads()}; microseconds per call (median)")
     print(f"{'shape':>8} {'N':>5} {'K':>5} {'rows':>4} {'dense':>8} {'int8':>8} {'int4':>8}")
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in SHAPE_SETS[args.shapes].items():
         layers = _layers(n, k)
         for rows in args.rows:
             x = torch.randn(rows, k, dtype=torch.bfloat16)
