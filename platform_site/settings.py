@@ -214,6 +214,14 @@ KERNELS_TUNE_MALLOC = env_flag("KERNELS_TUNE_MALLOC")
 QUEUE_KEY_PREFIX = ENV.get("QUEUE_KEY_PREFIX", "llmq")
 QUEUE_MAX_DEPTH = int(ENV.get("QUEUE_MAX_DEPTH", "10000"))
 WORKER_HEARTBEAT_TIMEOUT_S = float(ENV.get("WORKER_HEARTBEAT_TIMEOUT_S", "10"))
+# Prefix-aware routing between the workers of a model (inference.queue.routing): QUEUE_ROUTING=prefix|off;
+# a job waits at most QUEUE_ROUTING_STEAL_S on the worker holding its prefix while that worker has room.
+QUEUE_ROUTING = ENV.get("QUEUE_ROUTING", "prefix")
+QUEUE_ROUTING_STEAL_S = float(ENV.get("QUEUE_ROUTING_STEAL_S", "0.5"))
+QUEUE_ROUTING_SCAN = int(ENV.get("QUEUE_ROUTING_SCAN", "32"))
+QUEUE_ROUTING_KEYS_PER_WORKER = int(ENV.get("QUEUE_ROUTING_KEYS_PER_WORKER", "4096"))
+QUEUE_ROUTING_BALANCE = int(ENV.get("QUEUE_ROUTING_BALANCE", "2"))  # jobs fewer than the preferred worker: take
+ROUTING_BLOCK_TOKENS = int(ENV.get("ROUTING_BLOCK_TOKENS", "16"))
 # Each process keeps its finished requests' usage records in a SQLite file here (fsynced) until they are
 # written to PostgreSQL and their reservations settled (inference.worker.spool); a restarted worker
 # writes what a dead one left. Production: a persistent local folder, one per host.

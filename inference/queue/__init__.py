@@ -27,9 +27,11 @@ _lock = threading.Lock()
 def _build() -> JobQueue:
     from django.conf import settings
 
+    from .routing import RoutingPolicy
     from .selection import DbTierWeights
 
     options = {
+        "routing": RoutingPolicy.from_settings(),
         "weights": DbTierWeights(),
         "max_depth": settings.QUEUE_MAX_DEPTH,
         "heartbeat_timeout": settings.WORKER_HEARTBEAT_TIMEOUT_S,

@@ -25,7 +25,9 @@ it (`take_dropped`) and ends it with an "abort" event and a zero-token usage
 record, so every request still ends in exactly one done event and one record.
 
 The pull order is inference.queue.selection: weighted round-robin across
-tiers, round-robin across tenants inside a tier.
+tiers, round-robin across tenants inside a tier; with several workers of a
+model, inference.queue.routing lets each prefer the jobs whose prompt prefix
+it holds (never for longer than a short bound).
 
 Besides the jobs, a queue is made of two small interfaces, each in its own
 module: the worker registry (inference.queue.worker_registry: heartbeats,
@@ -96,6 +98,24 @@ class JobQueue(WorkerRegistry, ReplyLiveness, abc.ABC):
     def depth(self, model: str, tier: str) -> int:
         return int(self.depths(model).get(tier, 0))
 
+    # ------------------------------------------------------------ autoscaling signals (inference.metrics.live)
+    @abc.abstractmethod
+    def oldest_queued(self, model: str) -> dict[str, float]:
+        """Tier -> enqueued_at (unix seconds) of the oldest job queued for `model`; tiers with none absent."""
+
+    @abc.abstractmethod
+    def demand_add(self, model: str, token: str, until: float) -> None:
+        """A request waits (until the unix time `until` at the latest) for a worker of `model`, which has none:
+        what scales a model up from zero (its queue is empty, as nothing is queued for a model nobody serves)."""
+
+    @abc.abstractmethod
+    def demand_remove(self, model: str, token: str) -> None:
+        """That request stopped waiting (a worker came, or it gave up)."""
+
+    @abc.abstractmethod
+    def demand(self, model: str) -> int:
+        """Requests waiting now for a worker of `model` (entries past their `until` do not count)."""
+
     # ------------------------------------------------------------ worker side
     @abc.abstractmethod
     def lease(self, worker_id: str, model: str, max_jobs: int) -> list[Job]:
@@ -103,9 +123,12 @@ class JobQueue(WorkerRegistry, ReplyLiveness, abc.ABC):
         them to `worker_id`. Returns [] while the worker is marked reaped."""
 
     @abc.abstractmethod
-    def wait_for_work(self, model: str, timeout: float) -> bool:
+    def wait_for_work(self, model: str, timeout: float, *, worker_id: str | None = None) -> bool:
         """Block up to `timeout` seconds until `model` may have queued or dropped
-        jobs. A hint only: callers lease afterwards and may find nothing."""
+        jobs. A hint only: callers lease afterwards and may find nothing. With `worker_id`,
+        jobs its last lease left to the workers they prefer (inference.queue.routing) do not
+        count until the first of them may be stolen, and a worker that skips a job for this
+        one wakes it."""
 
     @abc.abstractmethod
     def mark_started(self, worker_id: str, request_ids: list[str]) -> set[str]:

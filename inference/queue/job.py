@@ -28,6 +28,7 @@ class Job:
     endpoint: str = "chat.completions"
     tenant_slug: str = ""
     batch_id: str = ""  # a Batch API line's batch (its public id): billed at the batch price (billing.settlement)
+    prefix_keys: list[str] = field(default_factory=list)  # routing keys of the prompt's first blocks (queue.routing)
 
     def __post_init__(self) -> None:
         # Queue keys are built from these; a tab would break the location
@@ -36,6 +37,9 @@ class Job:
             value = getattr(self, name)
             if not isinstance(value, str) or not value or "\t" in value:
                 raise ValueError(f"Job.{name} must be a non-empty string without tabs")
+        # The Redis backend keeps them comma-joined; routing.prefix_keys makes 16 hex digits each.
+        if not all(isinstance(key, str) and key.isalnum() and len(key) <= 64 for key in self.prefix_keys):
+            raise ValueError("Job.prefix_keys must be short alphanumeric strings")
 
     @property
     def tenant_key(self) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from .base import JobQueue, QueueFull, ReapResult
 from .job import Job
 from .reply_liveness import InProcessReplyLiveness
+from .routing import AffinityTable, RoutingPolicy
 from .selection import TenantRing, TierSelector, WeightSource
 
 
@@ -26,9 +27,11 @@ class _Lease:
 
 
 class MemoryJobQueue(JobQueue):
-    def __init__(self, *, weights: WeightSource = None, max_depth: int = 0, heartbeat_timeout: float = 10.0) -> None:
+    def __init__(self, *, weights: WeightSource = None, max_depth: int = 0, heartbeat_timeout: float = 10.0,
+                 routing: RoutingPolicy | None = None) -> None:
         self.max_depth = max_depth  # per (model, tier); 0 = unbounded
         self.heartbeat_timeout = heartbeat_timeout
+        self.routing = routing or RoutingPolicy.off()
         self.selector = TierSelector(weights)
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
@@ -47,6 +50,9 @@ class MemoryJobQueue(JobQueue):
             self._heartbeats: dict[str, tuple[float, str, dict[str, Any]]] = {}  # worker -> (expires, model, info)
             self._workers: dict[str, str] = {}  # worker id -> model, kept until reaped or unregistered
             self._reaped: set[str] = set()
+            self._affinity = AffinityTable()  # queue.routing
+            self._demand: dict[str, dict[str, float]] = {}  # model -> token -> until (unix seconds)
+            self._deferred: dict[tuple[str, str], float] = {}  # (worker, model) -> monotonic time (routing)
 
     @staticmethod
     def _now() -> float:
@@ -85,32 +91,91 @@ class MemoryJobQueue(JobQueue):
         with self._lock:
             return {tier: ring.size for (m, tier), ring in self._rings.items() if m == model and ring.size}
 
+    # ------------------------------------------------------------ autoscaling signals
+    def oldest_queued(self, model: str) -> dict[str, float]:
+        with self._lock:
+            return {tier: min(self._queued[item].enqueued_at for _, item in ring.heads(len(ring.ring)))
+                    for (m, tier), ring in self._rings.items() if m == model and ring.size}
+
+    def demand_add(self, model: str, token: str, until: float) -> None:
+        with self._lock:
+            self._demand.setdefault(model, {})[token] = until
+
+    def demand_remove(self, model: str, token: str) -> None:
+        with self._lock:
+            self._demand.get(model, {}).pop(token, None)
+
+    def demand(self, model: str) -> int:
+        now = time.time()
+        with self._lock:
+            waiting = self._demand.get(model, {})
+            for token in [token for token, until in waiting.items() if until <= now]:
+                del waiting[token]
+            return len(waiting)
+
     # ------------------------------------------------------------ worker side
     def lease(self, worker_id: str, model: str, max_jobs: int) -> list[Job]:
-        with self._lock:
+        with self._work:
             if worker_id in self._reaped or max_jobs <= 0:
+                self._affinity.room[worker_id] = (0, self._now())
                 return []
             depths = {tier: ring.size for (m, tier), ring in self._rings.items() if m == model and ring.size}
-            jobs = []
+            jobs: list[Job] = []
+            wait: float | None = None
+            routing, wall, now = self.routing, time.time(), self._now()
             for tier in self.selector.plan(depths, max_jobs):
-                request_id = self._rings[(model, tier)].pop()
-                if request_id is None:
-                    continue
-                job = self._queued.pop(request_id)
-                self._leased[request_id] = worker_id
-                self._leases.setdefault(worker_id, {})[request_id] = _Lease(job)
-                jobs.append(job)
+                ring = self._rings[(model, tier)]
+                for tenant, request_id in ring.heads(routing.scan if routing.enabled else 1):
+                    job = self._queued[request_id]
+                    left = self._routing_wait(job, worker_id, wall, now) if routing.enabled else 0.0
+                    if left > 0:
+                        wait = left if wait is None else min(wait, left)
+                        continue
+                    ring.pop_from(tenant)
+                    del self._queued[request_id]
+                    self._leased[request_id] = worker_id
+                    self._leases.setdefault(worker_id, {})[request_id] = _Lease(job)
+                    jobs.append(job)
+                    if routing.enabled:
+                        self._affinity.claim(model, job.prefix_keys, worker_id, self._live, routing.keys_per_worker)
+                    break
+            self._affinity.room[worker_id] = (max_jobs - len(jobs), now)
+            if wait is not None and not jobs:
+                self._deferred[(worker_id, model)] = now + wait
+                self._work.notify_all()  # the preferred workers
+            else:
+                self._deferred.pop((worker_id, model), None)
             if jobs:
                 self._workers.setdefault(worker_id, model)
             return jobs
 
-    def wait_for_work(self, model: str, timeout: float) -> bool:
+    def _live(self, worker_id: str) -> bool:
+        beat = self._heartbeats.get(worker_id)
+        return beat is not None and beat[0] > self._now()
+
+    def _routing_wait(self, job: Job, worker_id: str, wall: float, now: float) -> float:
+        """Seconds `worker_id` leaves `job` to the worker it prefers (queue.routing); 0: take it now."""
+        owner = self._affinity.preferred(job.model, job.prefix_keys,
+                                         lambda other: other == worker_id or self._live(other))
+        if owner is None or owner == worker_id or not self._affinity.has_room(owner, now):
+            return 0.0
+        if len(self._leases.get(owner, ())) - len(self._leases.get(worker_id, ())) >= self.routing.balance:
+            return 0.0
+        return max(0.0, job.enqueued_at + self.routing.steal_after_s - wall)
+
+    def wait_for_work(self, model: str, timeout: float, *, worker_id: str | None = None) -> bool:
         def ready() -> bool:
-            return bool(self._dropped.get(model)) or any(
-                ring.size for (m, _), ring in self._rings.items() if m == model
-            )
+            if self._dropped.get(model):
+                return True
+            if self._deferred.get((worker_id, model), 0.0) > self._now():
+                return False  # what is queued waits on other workers (queue.routing)
+            return any(ring.size for (m, _), ring in self._rings.items() if m == model)
 
         with self._work:
+            deferred = self._deferred.get((worker_id, model), 0.0) - self._now()
+            if deferred > 0:
+                self._work.wait_for(ready, timeout=min(timeout, deferred))
+                return True
             return self._work.wait_for(ready, timeout=timeout)
 
     def mark_started(self, worker_id: str, request_ids: list[str]) -> set[str]:
@@ -188,6 +253,7 @@ class MemoryJobQueue(JobQueue):
         return result
 
     def _reap_locked(self, worker_id: str, result: ReapResult) -> None:
+        self._affinity.forget(worker_id)
         leases = self._leases.pop(worker_id, {})
         self._cancels.pop(worker_id, None)
         self._workers.pop(worker_id, None)

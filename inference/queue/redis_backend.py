@@ -10,6 +10,7 @@ registry and reply liveness are parts of their own (inference.queue.redis_worker
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import redis
@@ -18,6 +19,7 @@ from . import redis_scripts as lua
 from .base import JobQueue, QueueFull, QueueUnavailable, ReapResult
 from .job import Job
 from .redis_workers import RedisReplyLiveness, RedisWorkerRegistry, check_worker_id
+from .routing import RoutingPolicy
 from .selection import TierSelector, WeightSource
 
 
@@ -32,6 +34,7 @@ class RedisJobQueue(JobQueue):
         weights: WeightSource = None,
         max_depth: int = 0,
         heartbeat_timeout: float = 10.0,
+        routing: RoutingPolicy | None = None,
         client: redis.Redis | None = None,
     ) -> None:
         # Timeouts: a Redis that is restarting must fail a call within seconds, never hang it (the longest
@@ -42,12 +45,15 @@ class RedisJobQueue(JobQueue):
         self.prefix = prefix if prefix.startswith("{") else "{" + prefix + "}"
         self.max_depth = max_depth
         self.selector = TierSelector(weights)
+        self.routing = routing or RoutingPolicy.off()
+        # (worker, model) -> monotonic time until which its queued jobs are all preferred by other workers
+        self._deferred: dict[tuple[str, str], float] = {}
         self.workers = RedisWorkerRegistry(self.redis, self.prefix, heartbeat_timeout)
         self.replies = RedisReplyLiveness(self.redis, self.prefix)
         self._scripts = {
             name: self.redis.register_script(getattr(lua, name))
             for name in ("ENQUEUE", "LEASE", "CANCEL", "MARK_STARTED", "COMPLETE", "TAKE_CANCELS",
-                         "TAKE_CANCELS_AND_DEPTHS", "TAKE_DROPPED")
+                         "TAKE_CANCELS_AND_DEPTHS", "TAKE_DROPPED", "OLDEST")
         }
 
     @property
@@ -69,7 +75,7 @@ class RedisJobQueue(JobQueue):
         try:
             status = self._run(
                 "ENQUEUE", job.request_id, job.to_json(), job.model, job.tier, job.tenant_key,
-                repr(float(job.enqueued_at)), self.max_depth,
+                repr(float(job.enqueued_at)), self.max_depth, ",".join(job.prefix_keys),
             )
         except redis.RedisError as exc:
             raise QueueUnavailable() from exc
@@ -84,6 +90,31 @@ class RedisJobQueue(JobQueue):
     def depths(self, model: str) -> dict[str, int]:
         return _positive(self.redis.hgetall(self._key("depth", model)))
 
+    # ------------------------------------------------------------ autoscaling signals
+    def oldest_queued(self, model: str) -> dict[str, float]:
+        flat = self._scripts["OLDEST"](keys=[], args=[self.prefix, model])
+        return {tier: float(at) for tier, at in zip(flat[::2], flat[1::2])}
+
+    def demand_add(self, model: str, token: str, until: float) -> None:
+        key = self._key("demand", model)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(key, {token: until})
+        pipe.expireat(key, int(until) + 60)  # a model nobody asks for again leaves no key behind
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise QueueUnavailable() from exc
+
+    def demand_remove(self, model: str, token: str) -> None:
+        self.redis.zrem(self._key("demand", model), token)
+
+    def demand(self, model: str) -> int:
+        key, now = self._key("demand", model), time.time()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zremrangebyscore(key, "-inf", now)
+        pipe.zcard(key)
+        return int(pipe.execute()[1])
+
     # ------------------------------------------------------------ worker side
     def lease(self, worker_id: str, model: str, max_jobs: int) -> list[Job]:
         check_worker_id(worker_id)
@@ -97,13 +128,31 @@ class RedisJobQueue(JobQueue):
         plan = self.selector.plan(depths, max_jobs)
         if not plan:
             return []
-        return [Job.from_json(raw) for raw in self._run("LEASE", model, worker_id, *plan) if raw]
+        routing = self.routing
+        steal = routing.steal_after_s if routing.enabled else 0.0
+        raws, wait_ms = self._run("LEASE", model, worker_id, repr(time.time()), repr(float(steal)), routing.scan,
+                                  routing.keys_per_worker, max_jobs, routing.balance, *plan)
+        jobs = [Job.from_json(raw) for raw in raws if raw]
+        if int(wait_ms) >= 0 and not jobs:
+            self._deferred[(worker_id, model)] = time.monotonic() + int(wait_ms) / 1000.0
+        else:
+            self._deferred.pop((worker_id, model), None)
+        return jobs
 
-    def wait_for_work(self, model: str, timeout: float) -> bool:
+    def wait_for_work(self, model: str, timeout: float, *, worker_id: str | None = None) -> bool:
+        keys = [self._key("wake", model)]
+        if worker_id is not None:
+            keys.insert(0, self._key("wakew", worker_id))
+            deferred = self._deferred.get((worker_id, model), 0.0) - time.monotonic()
+            if deferred > 0:
+                # What is queued waits on other workers (queue.routing): until the first may be stolen, only an
+                # enqueue or a worker that skipped a job for this one wakes it.
+                self.redis.blpop(keys, timeout=max(min(timeout, deferred), 0.01))
+                return True
         if self.redis.llen(self._key("dropped", model)) or self.depths(model):
             return True
         # BLPOP takes whole or fractional seconds; 0 would block forever.
-        return self.redis.blpop([self._key("wake", model)], timeout=max(timeout, 0.01)) is not None
+        return self.redis.blpop(keys, timeout=max(timeout, 0.01)) is not None
 
     def mark_started(self, worker_id: str, request_ids: list[str]) -> set[str]:
         if not request_ids:
@@ -122,7 +171,8 @@ class RedisJobQueue(JobQueue):
     def take_cancellations_and_lease(self, worker_id: str, model: str, max_jobs: int) -> tuple[set[str], list[Job]]:
         """One script takes the cancellations and reads the depths; a second leases, if anything is queued."""
         check_worker_id(worker_id)
-        ids, flat = self._run("TAKE_CANCELS_AND_DEPTHS", worker_id, model)
+        room = [max_jobs] if self.routing.enabled else []
+        ids, flat = self._run("TAKE_CANCELS_AND_DEPTHS", worker_id, model, *room)
         depths = _positive(dict(zip(flat[::2], flat[1::2])))
         return set(ids), self._lease_by_depths(worker_id, model, max_jobs, depths)
 

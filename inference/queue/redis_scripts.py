@@ -16,6 +16,12 @@ all keys share one slot). Keys:
   P:reaped:W           string set when W was reaped; its next heartbeat reports it
   P:orphans            list  "WORKER\tJOB JSON" of started jobs taken from dead workers
   P:wake:M             list  wake-up tokens for idle workers of model M (BLPOP)
+  P:wakew:W            list  wake-up tokens for worker W alone (a job another worker skipped for it)
+  P:pk                 hash  request id -> its routing keys, comma-joined (queue.routing; queued or leased)
+  P:aff:M              hash  routing key -> the worker that holds it, for model M
+  P:owns:W             zset  the routing keys worker W holds, scored by last use (capped)
+  P:room:W             string the jobs worker W could take at its last intake (expires: ROOM_TTL_S)
+  P:demand:M           zset  requests waiting for a worker of model M (none serves it), scored by when they give up
 
 Model names may contain ':' but tiers and tenants (slug, integer id) may not,
 so the keys stay unambiguous; no name may contain a tab (Job checks).
@@ -27,6 +33,7 @@ if redis.call('HEXISTS', P..':loc', rid) == 1 then return -1 end
 local depth = tonumber(redis.call('HGET', P..':depth:'..m, t) or '0')
 if maxd > 0 and depth >= maxd then return 0 end
 redis.call('HSET', P..':jobs', rid, job)
+if ARGV[9] and ARGV[9] ~= '' then redis.call('HSET', P..':pk', rid, ARGV[9]) end
 redis.call('HSET', P..':loc', rid, 'q\t'..m..'\t'..t..'\t'..n..'\t'..e)
 local q = P..':q:'..m..':'..t..':'..n
 if redis.call('RPUSH', q, rid) == 1 then redis.call('RPUSH', P..':ring:'..m..':'..t, n) end
@@ -36,30 +43,84 @@ redis.call('LTRIM', P..':wake:'..m, -64, -1)
 return 1
 """
 
-# ARGV: P, model, worker, tier, tier, ... (the selector's plan)
+# ARGV: P, model, worker, now (unix s), steal_after_s (<= 0: routing off), scan, keys_per_worker, room,
+# balance, tier, tier, ... (the selector's plan). Returns {jobs JSON, ms until a job skipped for another worker
+# may be stolen (-1: none skipped)}. Routing: queue/routing.py; with it off, each tier's ring head is taken.
 LEASE = r"""
 local P, m, w = ARGV[1], ARGV[2], ARGV[3]
-if redis.call('EXISTS', P..':reaped:'..w) == 1 then return {} end
-local out = {}
-for i = 4, #ARGV do
+local now, steal, scan, cap, room = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local balance = tonumber(ARGV[9])
+if redis.call('EXISTS', P..':reaped:'..w) == 1 then return {{}, -1} end
+local mine = redis.call('HLEN', P..':lease:'..w)  -- the jobs w holds (as leased before this call)
+local aff, owns = P..':aff:'..m, P..':owns:'..w
+local out, wait, woken = {}, -1, {}
+local function live(o) return o == w or redis.call('EXISTS', P..':hb:'..o) == 1 end
+local function keys_of(rid)
+  local keys, pk = {}, redis.call('HGET', P..':pk', rid)
+  if pk then for k in string.gmatch(pk, '[^,]+') do keys[#keys + 1] = k end end
+  return keys
+end
+-- may w take rid now? (and the keys to claim when it does)
+local function acceptable(rid)
+  if steal <= 0 then return true, {} end
+  local keys = keys_of(rid)
+  local o = nil
+  for i = #keys, 1, -1 do
+    local holder = redis.call('HGET', aff, keys[i])
+    if holder and live(holder) then o = holder; break end
+  end
+  if (not o) or o == w or tonumber(redis.call('GET', P..':room:'..o) or '0') <= 0 then return true, keys end
+  if redis.call('HLEN', P..':lease:'..o) - mine >= balance then return true, keys end
+  local e = tonumber(string.match(redis.call('HGET', P..':loc', rid), '\t([^\t]*)$')) or 0
+  local left = e + steal - now
+  if left <= 0 then return true, keys end
+  if wait < 0 or left < wait then wait = left end
+  if not woken[o] then
+    woken[o] = true
+    redis.call('RPUSH', P..':wakew:'..o, '1')
+    redis.call('LTRIM', P..':wakew:'..o, -4, -1)
+  end
+  return false, keys
+end
+for i = 10, #ARGV do
   local t = ARGV[i]
   local ring = P..':ring:'..m..':'..t
-  local n = redis.call('LPOP', ring)
-  if n then
+  local tenants = redis.call('LRANGE', ring, 0, (steal > 0 and scan or 1) - 1)
+  for _, n in ipairs(tenants) do
     local q = P..':q:'..m..':'..t..':'..n
-    local rid = redis.call('LPOP', q)
-    if redis.call('LLEN', q) > 0 then redis.call('RPUSH', ring, n) end
-    if rid then
+    local rid = redis.call('LINDEX', q, 0)
+    local ok, keys = false, {}
+    if rid then ok, keys = acceptable(rid) end
+    if ok then
+      redis.call('LPOP', q)
+      redis.call('LREM', ring, 1, n)
+      if redis.call('LLEN', q) > 0 then redis.call('RPUSH', ring, n) end
       local loc = redis.call('HGET', P..':loc', rid)
       if redis.call('HINCRBY', P..':depth:'..m, t, -1) <= 0 then redis.call('HDEL', P..':depth:'..m, t) end
       redis.call('HSET', P..':loc', rid, 'l\t'..w)
       redis.call('HSET', P..':lease:'..w, rid, '0'..string.sub(loc, 2))
       out[#out + 1] = redis.call('HGET', P..':jobs', rid)
+      for _, k in ipairs(keys) do
+        local holder = redis.call('HGET', aff, k)
+        if (not holder) or not live(holder) then redis.call('HSET', aff, k, w) end
+        if (not holder) or holder == w or not live(holder) then redis.call('ZADD', owns, now, k) end
+      end
+      break
     end
   end
 end
+if steal > 0 then
+  local over = redis.call('ZCARD', owns) - cap
+  if over > 0 then
+    for _, k in ipairs(redis.call('ZRANGE', owns, 0, over - 1)) do
+      if redis.call('HGET', aff, k) == w then redis.call('HDEL', aff, k) end
+    end
+    redis.call('ZREMRANGEBYRANK', owns, 0, over - 1)
+  end
+  redis.call('SET', P..':room:'..w, math.max(0, room - #out), 'PX', 5000)
+end
 if #out > 0 then redis.call('HSET', P..':workers', w, m) end
-return out
+return {out, wait < 0 and -1 or math.ceil(wait * 1000)}
 """
 
 CANCEL = r"""
@@ -75,6 +136,7 @@ if string.sub(loc, 1, 1) == 'q' then
   local job = redis.call('HGET', P..':jobs', rid)
   redis.call('HDEL', P..':jobs', rid)
   redis.call('HDEL', P..':loc', rid)
+  redis.call('HDEL', P..':pk', rid)
   redis.call('RPUSH', P..':dropped:'..m, job)
   redis.call('RPUSH', P..':wake:'..m, '1')
   redis.call('LTRIM', P..':wake:'..m, -64, -1)
@@ -108,6 +170,7 @@ for i = 3, #ARGV do
   if redis.call('HDEL', P..':lease:'..w, rid) == 1 then
     redis.call('HDEL', P..':jobs', rid)
     redis.call('HDEL', P..':loc', rid)
+    redis.call('HDEL', P..':pk', rid)
     redis.call('SREM', P..':cancel:'..w, rid)
     out[#out + 1] = rid
   end
@@ -122,8 +185,29 @@ local ids = redis.call('SMEMBERS', key)
 redis.call('DEL', key)
 """
 TAKE_CANCELS = _TAKE_CANCELS + "return ids\n"
-# ...and with them the model's depth hash, flat: {ids, {tier, count, ...}} (a worker's ask before each step).
-TAKE_CANCELS_AND_DEPTHS = _TAKE_CANCELS + "return {ids, redis.call('HGETALL', ARGV[1]..':depth:'..ARGV[3])}\n"
+# ...and with them the model's depth hash, flat: {ids, {tier, count, ...}} (a worker's ask before each step);
+# ARGV[4], when given, is the worker's room, kept for queue.routing (how many jobs it could take now).
+TAKE_CANCELS_AND_DEPTHS = _TAKE_CANCELS + (
+    "if ARGV[4] then redis.call('SET', ARGV[1]..':room:'..ARGV[2], ARGV[4], 'PX', 5000) end\n"
+    "return {ids, redis.call('HGETALL', ARGV[1]..':depth:'..ARGV[3])}\n")
+
+# ARGV: P, model; flat {tier, enqueued_at of its oldest queued job, ...} (each tenant's head is its oldest).
+OLDEST = r"""
+local P, m = ARGV[1], ARGV[2]
+local flat = redis.call('HGETALL', P..':depth:'..m)
+local out = {}
+for i = 1, #flat, 2 do
+  local t, oldest = flat[i], nil
+  for _, n in ipairs(redis.call('LRANGE', P..':ring:'..m..':'..t, 0, -1)) do
+    local rid = redis.call('LINDEX', P..':q:'..m..':'..t..':'..n, 0)
+    local loc = rid and redis.call('HGET', P..':loc', rid)
+    local e = loc and tonumber(string.match(loc, '\t([^\t]*)$'))
+    if e and (not oldest or e < oldest) then oldest = e end
+  end
+  if oldest then out[#out + 1] = t; out[#out + 1] = string.format('%.6f', oldest) end
+end
+return out
+"""
 
 TAKE_DROPPED = r"""
 local key = ARGV[1]..':dropped:'..ARGV[2]
@@ -159,6 +243,7 @@ for i = 1, #entries, 2 do
     local job = redis.call('HGET', P..':jobs', rid)
     redis.call('HDEL', P..':jobs', rid)
     redis.call('HDEL', P..':loc', rid)
+    redis.call('HDEL', P..':pk', rid)
     if job then
       redis.call('RPUSH', P..':orphans', w..'\t'..job)
       failed[#failed + 1] = rid
@@ -179,7 +264,14 @@ for _, u in ipairs(unstarted) do
   redis.call('LTRIM', P..':wake:'..m, -64, -1)
   requeued[#requeued + 1] = rid
 end
-redis.call('DEL', lease, P..':cancel:'..w, P..':hb:'..w)
+-- its routing keys attract no more work (queue.routing)
+local wm = redis.call('HGET', P..':workers', w)
+if wm then
+  for _, k in ipairs(redis.call('ZRANGE', P..':owns:'..w, 0, -1)) do
+    if redis.call('HGET', P..':aff:'..wm, k) == w then redis.call('HDEL', P..':aff:'..wm, k) end
+  end
+end
+redis.call('DEL', lease, P..':cancel:'..w, P..':hb:'..w, P..':owns:'..w, P..':room:'..w, P..':wakew:'..w)
 redis.call('HDEL', P..':workers', w)
 if force == '1' then redis.call('DEL', P..':reaped:'..w) else redis.call('SET', P..':reaped:'..w, '1', 'EX', 3600) end
 return {1, requeued, failed}

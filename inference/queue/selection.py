@@ -119,7 +119,12 @@ class TenantRing:
     def pop(self) -> str | None:
         if not self.ring:
             return None
-        tenant = self.ring.popleft()
+        return self.pop_from(self.ring[0])
+
+    def pop_from(self, tenant: str) -> str:
+        """The oldest item of `tenant` (in the ring); the tenant goes to the tail if it has more
+        (queue.routing takes a tenant further down the ring this way)."""
+        self.ring.remove(tenant)
         queue = self.queues[tenant]
         item = queue.popleft()
         if queue:
@@ -128,6 +133,10 @@ class TenantRing:
             del self.queues[tenant]
         self.size -= 1
         return item
+
+    def heads(self, n: int) -> list[tuple[str, str]]:
+        """(tenant, its oldest item) of the first `n` tenants of the ring."""
+        return [(tenant, self.queues[tenant][0]) for tenant in list(self.ring)[:n]]
 
     def remove(self, tenant: str, item: str) -> bool:
         queue = self.queues.get(tenant)

@@ -201,7 +201,7 @@ class WorkerLoop:
         elif not self.draining:
             # Enqueues, cancellations of queued jobs and requeues all wake this wait.
             wait = min(self.heartbeats.next_at - time.monotonic(), self.heartbeats.interval)
-            if self.queue.wait_for_work(self.model, timeout=max(wait, 0.01)):
+            if self.queue.wait_for_work(self.model, timeout=max(wait, 0.01), worker_id=self.worker_id):
                 self._next_dropped = 0.0
 
     # ------------------------------------------------------------ heartbeats
