@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 import weakref
 
 from django.conf import settings
@@ -92,7 +93,40 @@ async def _live_workers_wait(model: str, wait_s: float) -> bool:
         poll.add_done_callback(_polls.discard)
     answer = loop.create_future()
     waiters.append((loop.time() + wait_s, answer))
-    return await answer  # cancelled (the client left): the poll skips it
+    token = await _demand_add(model, wait_s)
+    try:
+        return await answer  # cancelled (the client left): the poll skips it
+    finally:
+        if token is not None:
+            _demand_remove(model, token)
+
+
+async def _demand_add(model: str, wait_s: float) -> str | None:
+    """Count this request as waiting for a worker of `model` (llmp:requests_waiting_for_worker: what scales a
+    model up from zero replicas, deploy/docs/kubernetes.md). Advisory: a queue that fails here is not this
+    request's error (the poll reports it)."""
+    from inference.queue import get_job_queue
+
+    token = uuid.uuid4().hex
+    try:
+        await asyncio.to_thread(get_job_queue().demand_add, model, token, time.time() + wait_s)
+    except Exception:  # noqa: BLE001
+        logger.debug("could not count a request waiting for %s", model, exc_info=True)
+        return None
+    return token
+
+
+def _demand_remove(model: str, token: str) -> None:
+    """In a thread, without waiting for it (the entry also lapses at its deadline)."""
+    from inference.queue import get_job_queue
+
+    def remove() -> None:
+        try:
+            get_job_queue().demand_remove(model, token)
+        except Exception:  # noqa: BLE001
+            logger.debug("could not uncount a request waiting for %s", model, exc_info=True)
+
+    asyncio.get_running_loop().run_in_executor(None, remove)
 
 
 async def _poll(model: str, waiters: list[tuple[float, asyncio.Future]], by_model: dict) -> None:

@@ -4,6 +4,10 @@ Shared state (one answer for the whole deployment, read by the web process
 that answers the scrape; `LiveCollector`):
 - `llmp:queue_depth{model_name,tier}`: jobs queued, not yet leased;
 - `llmp:live_workers{model_name}`: workers whose heartbeat is current;
+- `llmp:queue_oldest_age_seconds{model_name,tier}`: how long the oldest queued job has waited (0: none);
+- `llmp:requests_waiting_for_worker{model_name}`: requests waiting (at most MODEL_WAIT_S) for a worker of
+  a model none serves: with queue_depth, what a KEDA ScaledObject scales a model from zero on
+  (deploy/k8s, deploy/docs/kubernetes.md). Each is the same on every web replica: aggregate with max();
 - `llmp:admission_reservations_held`, `llmp:admission_slots_held`: open
   admission reservations and concurrency slots (billing.counters); both are
   0 once every admitted request has ended;
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from prometheus_client import Gauge
 from prometheus_client.core import GaugeMetricFamily
@@ -176,13 +181,24 @@ class LiveCollector(Collector):
                                   labels=["model_name", "tier"])
         workers = GaugeMetricFamily(f"{PREFIX}live_workers", "Workers with a current heartbeat, per model.",
                                     labels=["model_name"])
+        oldest = GaugeMetricFamily(f"{PREFIX}queue_oldest_age_seconds",
+                                   "Seconds the oldest queued job has waited, per model and tier (0: none queued).",
+                                   labels=["model_name", "tier"])
+        demand = GaugeMetricFamily(f"{PREFIX}requests_waiting_for_worker",
+                                   "Requests waiting for a worker of a model that has none (scale from zero).",
+                                   labels=["model_name"])
+        now = time.time()
         for model in models:
-            depths = queue.depths(model)
+            depths, ages = queue.depths(model), queue.oldest_queued(model)
             for tier in sorted(set(tiers) | set(depths)):
                 depth.add_metric([model, tier], float(depths.get(tier, 0)))
+                oldest.add_metric([model, tier], max(0.0, now - ages[tier]) if tier in ages else 0.0)
             workers.add_metric([model], float(len(queue.live_workers(model))))
+            demand.add_metric([model], float(queue.demand(model)))
         yield depth
         yield workers
+        yield oldest
+        yield demand
 
     def _admission(self):
         from billing.counters import get_admission_backend

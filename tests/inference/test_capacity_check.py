@@ -117,3 +117,28 @@ async def test_requests_waiting_for_one_model_share_a_poll_and_go_on_in_their_or
     assert not long.done()
     queue.workers = [{"worker_id": "w2"}]
     await asyncio.wait_for(long, timeout=2)
+
+
+async def test_a_request_waiting_for_a_worker_counts_as_demand_until_one_comes(queue, settings, monkeypatch):
+    """llmp:requests_waiting_for_worker, what scales a model up from zero replicas, counts the waiting request
+    on the queue (every web replica sees it) and forgets it once a worker serves the model."""
+    from inference.queue.memory import MemoryJobQueue
+
+    real = MemoryJobQueue()
+    queue.demand_add, queue.demand_remove, queue.demand = real.demand_add, real.demand_remove, real.demand
+    monkeypatch.setattr(services, "WAIT_POLL_S", 0.05)
+    settings.MODEL_WAIT_S = 5
+    queue.workers = []
+    waiting = asyncio.ensure_future(services.capacity_check("m"))
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if real.demand("m"):
+            break
+    assert real.demand("m") == 1 and real.demand("other") == 0
+    queue.workers = [{"worker_id": "w1"}]
+    await waiting
+    for _ in range(50):  # removed off the request path
+        await asyncio.sleep(0.02)
+        if not real.demand("m"):
+            break
+    assert real.demand("m") == 0

@@ -67,7 +67,7 @@ def test_the_page_parses_and_names_the_engine_the_requests_and_the_gateway(traff
                  "llmp:num_requests_waiting", "llmp:kv_cache_usage_perc", "llmp:prefix_cache_queries",
                  "llmp:prefix_cache_hits", "llmp:num_preemptions", "llmp:prompt_tokens", "llmp:generation_tokens",
                  "llmp:request_success", "llmp:http_requests", "llmp:admission_refusals", "llmp:queue_depth",
-                 "llmp:billed_tokens", "llmp:spend_nanodollars"):
+                 "llmp:queue_oldest_age_seconds", "llmp:requests_waiting_for_worker", "llmp:billed_tokens", "llmp:spend_nanodollars"):
         assert name in families, name
     labels = {key for sample in after.samples if sample.name.startswith("llmp:") for key in sample.labels}
     assert not labels & {"tenant", "tenant_id", "api_key", "api_key_id", "key"}  # cardinality: never per tenant
@@ -108,6 +108,8 @@ def test_after_the_traffic_nothing_is_held_and_the_queues_are_empty(traffic):
     depths = after.series("llmp:queue_depth")
     assert {"model_name": MODEL, "tier": "pro"} in depths and after.total("llmp:queue_depth") == 0
     assert after.total("llmp:live_workers", model_name=MODEL) == 1
+    assert {"model_name": MODEL, "tier": "pro"} in after.series("llmp:queue_oldest_age_seconds")
+    assert after.total("llmp:queue_oldest_age_seconds") == 0 and after.total("llmp:requests_waiting_for_worker") == 0
     assert after.total("llmp:process_open_fds") > 0 and after.total("llmp:process_resident_memory_bytes") > 0
 
 
