@@ -123,9 +123,12 @@ class MemoryJobQueue(JobQueue):
             jobs: list[Job] = []
             wait: float | None = None
             routing, wall, now = self.routing, time.time(), self._now()
+            exhausted: set[str] = set()  # tiers whose scan found nothing to take (the same again in this call)
             for tier in self.selector.plan(depths, max_jobs):
                 ring = self._rings[(model, tier)]
-                for tenant, request_id in ring.heads(routing.scan if routing.enabled else 1):
+                heads = [] if tier in exhausted else ring.heads(routing.scan if routing.enabled else 1)
+                exhausted.add(tier)
+                for tenant, request_id in heads:
                     job = self._queued[request_id]
                     left = self._routing_wait(job, worker_id, wall, now) if routing.enabled else 0.0
                     if left > 0:
@@ -138,6 +141,7 @@ class MemoryJobQueue(JobQueue):
                     jobs.append(job)
                     if routing.enabled:
                         self._affinity.claim(model, job.prefix_keys, worker_id, self._live, routing.keys_per_worker)
+                    exhausted.discard(tier)
                     break
             self._affinity.room[worker_id] = (max_jobs - len(jobs), now)
             if wait is not None and not jobs:

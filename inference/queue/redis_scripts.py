@@ -82,10 +82,12 @@ local function acceptable(rid)
   end
   return false, keys
 end
+local exhausted = {}  -- tiers whose scan found nothing this worker may take (the same again within this call)
 for i = 10, #ARGV do
   local t = ARGV[i]
   local ring = P..':ring:'..m..':'..t
-  local tenants = redis.call('LRANGE', ring, 0, (steal > 0 and scan or 1) - 1)
+  local tenants = exhausted[t] and {} or redis.call('LRANGE', ring, 0, (steal > 0 and scan or 1) - 1)
+  local took = false
   for _, n in ipairs(tenants) do
     local q = P..':q:'..m..':'..t..':'..n
     local rid = redis.call('LINDEX', q, 0)
@@ -105,9 +107,11 @@ for i = 10, #ARGV do
         if (not holder) or not live(holder) then redis.call('HSET', aff, k, w) end
         if (not holder) or holder == w or not live(holder) then redis.call('ZADD', owns, now, k) end
       end
+      took = true
       break
     end
   end
+  if not took then exhausted[t] = true end
 end
 if steal > 0 then
   local over = redis.call('ZCARD', owns) - cap
