@@ -185,8 +185,7 @@ DEFAULT_MODEL = ENV.get("DEFAULT_MODEL", "smollm2-135m-instruct")
 # engine thread per model, started by its first request; empty: DEFAULT_MODEL alone. Separate workers serve
 # what each `run_worker --model NAME` was started with.
 SERVE_MODELS = env_list("SERVE_MODELS", "")
-# A request for an enabled model that no live worker serves waits this long for one (a worker starting) before
-# its 503 `model_unavailable` with Retry-After.
+# A request for an enabled model no live worker serves waits this long for one (starting) before its 503.
 MODEL_WAIT_S = float(ENV.get("MODEL_WAIT_S", "3"))
 # Engine and kernel knobs, applied by inference.worker.engine_factory. Unset (None) keeps the engine's
 # or the kernels' own default (inference.engine.EngineConfig and cpu_matmul, kernels.config), so each
@@ -208,33 +207,26 @@ KERNELS_CPU_NATIVE = env_flag("KERNELS_CPU_NATIVE")
 KERNELS_CACHE_DIR = env_opt("KERNELS_CACHE_DIR")
 KERNELS_CC = env_opt("CC")  # the native CPU kernels' compiler, read from $CC as build tools do
 KERNELS_TUNE_MALLOC = env_flag("KERNELS_TUNE_MALLOC")
-# Queue (inference.queue): keys live under QUEUE_KEY_PREFIX in Redis; a (model, tier)
-# queue holding QUEUE_MAX_DEPTH jobs refuses more (0 = unbounded). A worker whose
-# heartbeat is older than WORKER_HEARTBEAT_TIMEOUT_S is dead: its leases are reaped.
+# Queue (inference.queue): keys live under QUEUE_KEY_PREFIX in Redis; a (model, tier) queue holding QUEUE_MAX_DEPTH
+# jobs refuses more (0 = unbounded). A worker whose heartbeat is older than WORKER_HEARTBEAT_TIMEOUT_S is dead.
 QUEUE_KEY_PREFIX = ENV.get("QUEUE_KEY_PREFIX", "llmq")
 QUEUE_MAX_DEPTH = int(ENV.get("QUEUE_MAX_DEPTH", "10000"))
 WORKER_HEARTBEAT_TIMEOUT_S = float(ENV.get("WORKER_HEARTBEAT_TIMEOUT_S", "10"))
-# Prefix-aware routing between the workers of a model (inference.queue.routing): QUEUE_ROUTING=prefix|off;
-# a job waits at most QUEUE_ROUTING_STEAL_S on the worker holding its prefix while that worker has room.
-QUEUE_ROUTING = ENV.get("QUEUE_ROUTING", "prefix")
-QUEUE_ROUTING_STEAL_S = float(ENV.get("QUEUE_ROUTING_STEAL_S", "0.5"))
-QUEUE_ROUTING_SCAN = int(ENV.get("QUEUE_ROUTING_SCAN", "32"))
-QUEUE_ROUTING_KEYS_PER_WORKER = int(ENV.get("QUEUE_ROUTING_KEYS_PER_WORKER", "4096"))
-QUEUE_ROUTING_BALANCE = int(ENV.get("QUEUE_ROUTING_BALANCE", "2"))  # jobs fewer than the preferred worker: take
-ROUTING_BLOCK_TOKENS = int(ENV.get("ROUTING_BLOCK_TOKENS", "16"))
+# Prefix-aware routing between a model's workers (inference.queue.routing; README's table): prefix|off.
+QUEUE_ROUTING, QUEUE_ROUTING_STEAL_S = ENV.get("QUEUE_ROUTING", "prefix"), float(ENV.get("QUEUE_ROUTING_STEAL_S", "0.5"))
+QUEUE_ROUTING_SCAN, QUEUE_ROUTING_BALANCE = int(ENV.get("QUEUE_ROUTING_SCAN", "32")), int(ENV.get("QUEUE_ROUTING_BALANCE", "2"))
+QUEUE_ROUTING_KEYS_PER_WORKER, ROUTING_BLOCK_TOKENS = int(ENV.get("QUEUE_ROUTING_KEYS_PER_WORKER", "4096")), int(ENV.get("ROUTING_BLOCK_TOKENS", "16"))
 # Each process keeps its finished requests' usage records in a SQLite file here (fsynced) until they are
 # written to PostgreSQL and their reservations settled (inference.worker.spool); a restarted worker
 # writes what a dead one left. Production: a persistent local folder, one per host.
 WORKER_SPOOL_DIR = ENV.get("WORKER_SPOOL_DIR", "") or (
     str(Path(tempfile.gettempdir()) / f"llm-spool-test-{os.getpid()}") if TESTING
     else str(BASE_DIR / "var" / "spool"))
-# Web readiness (/readyz) and worker liveness of reply channels: a web process refreshes a Redis key per
-# reply channel every REPLY_ALIVE_INTERVAL_S; a worker cancels the jobs of a channel whose key is gone
-# (its web process died) after REPLY_ALIVE_TIMEOUT_S.
+# Reply channels' liveness: a web process refreshes a Redis key per reply channel every REPLY_ALIVE_INTERVAL_S; a
+# worker cancels the jobs of a channel whose key is gone (its web process died) after REPLY_ALIVE_TIMEOUT_S.
 REPLY_ALIVE_INTERVAL_S = float(ENV.get("REPLY_ALIVE_INTERVAL_S", "1"))
 REPLY_ALIVE_TIMEOUT_S = float(ENV.get("REPLY_ALIVE_TIMEOUT_S", "3"))
-# `manage.py bootstrap`: the admin user it creates (ADMIN_PASSWORD unset: generated and printed once)
-# and the base URL it prints.
+# `manage.py bootstrap`: the admin user it creates (ADMIN_PASSWORD unset: generated, printed once) and the base URL.
 BOOTSTRAP_ADMIN_USERNAME = ENV.get("ADMIN_USERNAME", "admin")
 BOOTSTRAP_ADMIN_PASSWORD = ENV.get("ADMIN_PASSWORD") or None
 BASE_URL = ENV.get("BASE_URL", "http://127.0.0.1:8000")
