@@ -42,18 +42,12 @@ from tests.e2e.processes import (  # noqa: E402
     api_key_new, database_prepare, free_port, http_wait, postgres_database_reset, process_env, wait_until, web_start,
     worker_start,
 )
+from tests.e2e.load_stack import percentile  # noqa: E402
 from tests.inference.metrics_helpers import Scrape  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 WORDS = ("river stone lantern orchard copper meadow harbor signal ledger violet canyon ember glacier market "
          "compass thunder velvet quarry saddle pepper island marble falcon summit willow beacon cedar").split()
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * (len(ordered) - 1)))))]
 
 
 def workload(args) -> list[tuple[int, list[dict]]]:

@@ -264,12 +264,12 @@ def job_build(*, prepared: PreparedRequest, reply_channel: str):
     from django.conf import settings
 
     from inference.queue.job import Job
-    from inference.queue.routing import prefix_keys
+    from inference.queue.routing import RoutingPolicy, prefix_keys
 
     auth = prepared.auth
     salt = auth.tenant.cache_salt or f"tenant:{auth.tenant.pk}"
     keys = (prefix_keys(prepared.prompt_token_ids, salt, block_tokens=settings.ROUTING_BLOCK_TOKENS)
-            if settings.QUEUE_ROUTING != "off" else [])
+            if RoutingPolicy.from_settings().enabled else [])
     return Job(
         request_id=prepared.request_id,
         tenant_id=auth.tenant.pk,
