@@ -213,7 +213,7 @@ QUEUE_KEY_PREFIX = ENV.get("QUEUE_KEY_PREFIX", "llmq")
 QUEUE_MAX_DEPTH = int(ENV.get("QUEUE_MAX_DEPTH", "10000"))
 WORKER_HEARTBEAT_TIMEOUT_S = float(ENV.get("WORKER_HEARTBEAT_TIMEOUT_S", "10"))
 # Prefix-aware routing between a model's workers (inference.queue.routing; README's table): prefix|off.
-QUEUE_ROUTING, QUEUE_ROUTING_STEAL_S = ENV.get("QUEUE_ROUTING", "prefix"), float(ENV.get("QUEUE_ROUTING_STEAL_S", "0.5"))
+QUEUE_ROUTING, QUEUE_ROUTING_STEAL_S = ENV.get("QUEUE_ROUTING", "prefix"), float(ENV.get("QUEUE_ROUTING_STEAL_S", "0.25"))
 QUEUE_ROUTING_SCAN, QUEUE_ROUTING_BALANCE = int(ENV.get("QUEUE_ROUTING_SCAN", "32")), int(ENV.get("QUEUE_ROUTING_BALANCE", "2"))
 QUEUE_ROUTING_KEYS_PER_WORKER, ROUTING_BLOCK_TOKENS = int(ENV.get("QUEUE_ROUTING_KEYS_PER_WORKER", "4096")), int(ENV.get("ROUTING_BLOCK_TOKENS", "16"))
 # Each process keeps its finished requests' usage records in a SQLite file here (fsynced) until they are

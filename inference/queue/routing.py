@@ -32,7 +32,7 @@ queue, so nothing is lost when that worker dies. With one worker per model every
 preferred worker and the order is exactly the plain tier/tenant order.
 
 Settings (platform_site.settings): QUEUE_ROUTING (`prefix`, the default, or `off`),
-QUEUE_ROUTING_STEAL_S (0.5), QUEUE_ROUTING_SCAN (32 tenants per tier), QUEUE_ROUTING_KEYS_PER_WORKER
+QUEUE_ROUTING_STEAL_S (0.25), QUEUE_ROUTING_SCAN (32 tenants per tier), QUEUE_ROUTING_KEYS_PER_WORKER
 (4096), QUEUE_ROUTING_BALANCE (2), ROUTING_BLOCK_TOKENS (16, the engine's default block size). deploy/docs/scaling.md explains
 when to change them.
 """
@@ -53,7 +53,7 @@ ROOM_TTL_S = 5.0  # a worker's reported room counts this long (it reports at eve
 @dataclass(frozen=True, slots=True)
 class RoutingPolicy:
     enabled: bool = True
-    steal_after_s: float = 0.5  # a job waits at most this long on a preferred worker that has room
+    steal_after_s: float = 0.25  # a job waits at most this long on a preferred worker that has room
     scan: int = 32  # tenants looked at per tier and pull
     keys_per_worker: int = 4096
     balance: int = 2  # a job is taken at once by a worker holding this many fewer jobs than its preferred one
