@@ -118,9 +118,11 @@ class JobQueue(WorkerRegistry, ReplyLiveness, abc.ABC):
 
     # ------------------------------------------------------------ worker side
     @abc.abstractmethod
-    def lease(self, worker_id: str, model: str, max_jobs: int) -> list[Job]:
+    def lease(self, worker_id: str, model: str, max_jobs: int, *, intake_every_s: float = 0.0) -> list[Job]:
         """Take up to `max_jobs` queued jobs of `model` in policy order and lease
-        them to `worker_id`. Returns [] while the worker is marked reaped."""
+        them to `worker_id`. Returns [] while the worker is marked reaped. `intake_every_s`: the
+        seconds between this worker's intakes while busy (0: unknown), for routing's step-aware wait
+        (inference.queue.routing)."""
 
     @abc.abstractmethod
     def wait_for_work(self, model: str, timeout: float, *, worker_id: str | None = None) -> bool:
@@ -147,14 +149,15 @@ class JobQueue(WorkerRegistry, ReplyLiveness, abc.ABC):
     def take_cancellations(self, worker_id: str) -> set[str]:
         """Request ids of this worker's leases that clients cancelled (cleared)."""
 
-    def take_cancellations_and_lease(self, worker_id: str, model: str, max_jobs: int) -> tuple[set[str], list[Job]]:
+    def take_cancellations_and_lease(self, worker_id: str, model: str, max_jobs: int, *,
+                                     intake_every_s: float = 0.0) -> tuple[set[str], list[Job]]:
         """`take_cancellations`, then `lease`: what a worker asks before each engine step.
 
         A remote backend answers both in fewer round trips (Redis: one when
         nothing is queued, the common case between steps of a busy worker).
         """
         cancelled = self.take_cancellations(worker_id)
-        return cancelled, self.lease(worker_id, model, max_jobs)
+        return cancelled, self.lease(worker_id, model, max_jobs, intake_every_s=intake_every_s)
 
     @abc.abstractmethod
     def take_dropped(self, model: str, limit: int = 100) -> list[Job]:

@@ -114,10 +114,10 @@ class MemoryJobQueue(JobQueue):
             return len(waiting)
 
     # ------------------------------------------------------------ worker side
-    def lease(self, worker_id: str, model: str, max_jobs: int) -> list[Job]:
+    def lease(self, worker_id: str, model: str, max_jobs: int, *, intake_every_s: float = 0.0) -> list[Job]:
         with self._work:
             if worker_id in self._reaped or max_jobs <= 0:
-                self._affinity.room[worker_id] = (0, self._now())
+                self._affinity.report(worker_id, 0, self._now(), intake_every_s, bool(self._leases.get(worker_id)))
                 return []
             depths = {tier: ring.size for (m, tier), ring in self._rings.items() if m == model and ring.size}
             jobs: list[Job] = []
@@ -143,7 +143,8 @@ class MemoryJobQueue(JobQueue):
                         self._affinity.claim(model, job.prefix_keys, worker_id, self._live, routing.keys_per_worker)
                     exhausted.discard(tier)
                     break
-            self._affinity.room[worker_id] = (max_jobs - len(jobs), now)
+            self._affinity.report(worker_id, max_jobs - len(jobs), now, intake_every_s,
+                                  bool(self._leases.get(worker_id)))
             if wait is not None and not jobs:
                 self._deferred[(worker_id, model)] = now + wait
                 self._work.notify_all()  # the preferred workers
@@ -165,7 +166,8 @@ class MemoryJobQueue(JobQueue):
             return 0.0
         if len(self._leases.get(owner, ())) - len(self._leases.get(worker_id, ())) >= self.routing.balance:
             return 0.0
-        return max(0.0, job.enqueued_at + self.routing.steal_after_s - wall)
+        left = job.enqueued_at + self.routing.steal_after_s - wall
+        return 0.0 if left <= 0 else self._affinity.owner_wait(owner, now, left)
 
     def wait_for_work(self, model: str, timeout: float, *, worker_id: str | None = None) -> bool:
         def ready() -> bool:

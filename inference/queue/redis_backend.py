@@ -116,13 +116,14 @@ class RedisJobQueue(JobQueue):
         return int(pipe.execute()[1])
 
     # ------------------------------------------------------------ worker side
-    def lease(self, worker_id: str, model: str, max_jobs: int) -> list[Job]:
+    def lease(self, worker_id: str, model: str, max_jobs: int, *, intake_every_s: float = 0.0) -> list[Job]:
         check_worker_id(worker_id)
         if max_jobs <= 0:
             return []
-        return self._lease_by_depths(worker_id, model, max_jobs, self.depths(model))
+        return self._lease_by_depths(worker_id, model, max_jobs, self.depths(model), intake_every_s)
 
-    def _lease_by_depths(self, worker_id: str, model: str, max_jobs: int, depths: dict[str, int]) -> list[Job]:
+    def _lease_by_depths(self, worker_id: str, model: str, max_jobs: int, depths: dict[str, int],
+                         intake_every_s: float) -> list[Job]:
         if max_jobs <= 0 or not depths:
             return []
         plan = self.selector.plan(depths, max_jobs)
@@ -131,7 +132,7 @@ class RedisJobQueue(JobQueue):
         routing = self.routing
         steal = routing.steal_after_s if routing.enabled else 0.0
         raws, wait_ms = self._run("LEASE", model, worker_id, repr(time.time()), repr(float(steal)), routing.scan,
-                                  routing.keys_per_worker, max_jobs, routing.balance, *plan)
+                                  routing.keys_per_worker, max_jobs, routing.balance, repr(float(intake_every_s)), *plan)
         jobs = [Job.from_json(raw) for raw in raws if raw]
         if int(wait_ms) >= 0 and not jobs:
             self._deferred[(worker_id, model)] = time.monotonic() + int(wait_ms) / 1000.0
@@ -168,13 +169,14 @@ class RedisJobQueue(JobQueue):
     def take_cancellations(self, worker_id: str) -> set[str]:
         return set(self._run("TAKE_CANCELS", worker_id))
 
-    def take_cancellations_and_lease(self, worker_id: str, model: str, max_jobs: int) -> tuple[set[str], list[Job]]:
+    def take_cancellations_and_lease(self, worker_id: str, model: str, max_jobs: int, *,
+                                     intake_every_s: float = 0.0) -> tuple[set[str], list[Job]]:
         """One script takes the cancellations and reads the depths; a second leases, if anything is queued."""
         check_worker_id(worker_id)
-        room = [max_jobs] if self.routing.enabled else []
+        room = [max(0, max_jobs), repr(float(intake_every_s))] if self.routing.enabled else []
         ids, flat = self._run("TAKE_CANCELS_AND_DEPTHS", worker_id, model, *room)
         depths = _positive(dict(zip(flat[::2], flat[1::2])))
-        return set(ids), self._lease_by_depths(worker_id, model, max_jobs, depths)
+        return set(ids), self._lease_by_depths(worker_id, model, max_jobs, depths, intake_every_s)
 
     def take_dropped(self, model: str, limit: int = 100) -> list[Job]:
         return [Job.from_json(raw) for raw in self._run("TAKE_DROPPED", model, limit)]

@@ -20,12 +20,16 @@ all keys share one slot). Keys:
   P:pk                 hash  request id -> its routing keys, comma-joined (queue.routing; queued or leased)
   P:aff:M              hash  routing key -> the worker that holds it, for model M
   P:owns:W             zset  the routing keys worker W holds, scored by last use (capped)
-  P:room:W             string the jobs worker W could take at its last intake (expires: ROOM_TTL_S)
+  P:room:W             string "ROOM,AT,EVERY" of worker W's last intake: the jobs it could take, when (Redis
+                       TIME, s) and the seconds between its intakes while busy (0: idle or unknown);
+                       expires after ROOM_TTL_S
   P:demand:M           zset  requests waiting for a worker of model M (none serves it), scored by when they give up
 
 Model names may contain ':' but tiers and tenants (slug, integer id) may not,
 so the keys stay unambiguous; no name may contain a tab (Job checks).
 """
+
+from .routing import LATE_FACTOR, LATE_SLACK_S
 
 ENQUEUE = r"""
 local P, rid, job, m, t, n, e, maxd = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
@@ -43,15 +47,27 @@ redis.call('LTRIM', P..':wake:'..m, -64, -1)
 return 1
 """
 
+# The room a worker reports at an intake (P:room:W; read by LEASE's `acceptable`). `every` is the worker's
+# seconds between intakes while busy; a worker holding nothing is woken when wanted, so it gives none.
+_ROOM = f"local LATE_FACTOR, LATE_SLACK_S = {LATE_FACTOR}, {LATE_SLACK_S}\n" + r"""
+local function clock() local t = redis.call('TIME'); return tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+local function room_report(P, w, room, every)
+  if redis.call('HLEN', P..':lease:'..w) == 0 then every = 0 end
+  redis.call('SET', P..':room:'..w, string.format('%d,%.6f,%.6f', room, clock(), every), 'PX', 5000)
+end
+"""
+
 # ARGV: P, model, worker, now (unix s), steal_after_s (<= 0: routing off), scan, keys_per_worker, room,
-# balance, tier, tier, ... (the selector's plan). Returns {jobs JSON, ms until a job skipped for another worker
-# may be stolen (-1: none skipped)}. Routing: queue/routing.py; with it off, each tier's ring head is taken.
-LEASE = r"""
+# balance, seconds between this worker's intakes while busy (0: unknown), tier, tier, ... (the selector's plan).
+# Returns {jobs JSON, ms until a job skipped for another worker may be stolen (-1: none skipped)}.
+# Routing: queue/routing.py; with it off, each tier's ring head is taken.
+LEASE = _ROOM + r"""
 local P, m, w = ARGV[1], ARGV[2], ARGV[3]
 local now, steal, scan, cap, room = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local balance = tonumber(ARGV[9])
+local balance, every = tonumber(ARGV[9]), tonumber(ARGV[10])
 if redis.call('EXISTS', P..':reaped:'..w) == 1 then return {{}, -1} end
 local mine = redis.call('HLEN', P..':lease:'..w)  -- the jobs w holds (as leased before this call)
+local rnow = steal > 0 and clock() or 0  -- Redis's clock: the owners' reported intakes are on it
 local aff, owns = P..':aff:'..m, P..':owns:'..w
 local out, wait, woken = {}, -1, {}
 local function live(o) return o == w or redis.call('EXISTS', P..':hb:'..o) == 1 end
@@ -69,11 +85,19 @@ local function acceptable(rid)
     local holder = redis.call('HGET', aff, keys[i])
     if holder and live(holder) then o = holder; break end
   end
-  if (not o) or o == w or tonumber(redis.call('GET', P..':room:'..o) or '0') <= 0 then return true, keys end
+  if (not o) or o == w then return true, keys end
+  local oroom, oat, oevery = string.match(redis.call('GET', P..':room:'..o) or '0', '^(%d+),?([^,]*),?([^,]*)$')
+  if (tonumber(oroom) or 0) <= 0 then return true, keys end
   if redis.call('HLEN', P..':lease:'..o) - mine >= balance then return true, keys end
   local e = tonumber(string.match(redis.call('HGET', P..':loc', rid), '\t([^\t]*)$')) or 0
   local left = e + steal - now
   if left <= 0 then return true, keys end
+  oat, oevery = tonumber(oat) or 0, tonumber(oevery) or 0
+  if oevery > 0 then  -- the owner is busy: it comes back at its next intake, expected one intake interval on
+    local late = oat + LATE_FACTOR * oevery + LATE_SLACK_S - rnow
+    if oat + oevery - rnow >= left or late <= 0 then return true, keys end  -- not back before the bound, or late
+    if late < left then left = late end
+  end
   if wait < 0 or left < wait then wait = left end
   if not woken[o] then
     woken[o] = true
@@ -83,7 +107,7 @@ local function acceptable(rid)
   return false, keys
 end
 local exhausted = {}  -- tiers whose scan found nothing this worker may take (the same again within this call)
-for i = 10, #ARGV do
+for i = 11, #ARGV do
   local t = ARGV[i]
   local ring = P..':ring:'..m..':'..t
   local tenants = exhausted[t] and {} or redis.call('LRANGE', ring, 0, (steal > 0 and scan or 1) - 1)
@@ -121,7 +145,7 @@ if steal > 0 then
     end
     redis.call('ZREMRANGEBYRANK', owns, 0, over - 1)
   end
-  redis.call('SET', P..':room:'..w, math.max(0, room - #out), 'PX', 5000)
+  room_report(P, w, math.max(0, room - #out), every)
 end
 if #out > 0 then redis.call('HSET', P..':workers', w, m) end
 return {out, wait < 0 and -1 or math.ceil(wait * 1000)}
@@ -190,9 +214,9 @@ redis.call('DEL', key)
 """
 TAKE_CANCELS = _TAKE_CANCELS + "return ids\n"
 # ...and with them the model's depth hash, flat: {ids, {tier, count, ...}} (a worker's ask before each step);
-# ARGV[4], when given, is the worker's room, kept for queue.routing (how many jobs it could take now).
-TAKE_CANCELS_AND_DEPTHS = _TAKE_CANCELS + (
-    "if ARGV[4] then redis.call('SET', ARGV[1]..':room:'..ARGV[2], ARGV[4], 'PX', 5000) end\n"
+# ARGV[4] and ARGV[5], when given, are the worker's room and seconds between intakes, kept for queue.routing.
+TAKE_CANCELS_AND_DEPTHS = _ROOM + _TAKE_CANCELS + (
+    "if ARGV[4] then room_report(ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5] or '0')) end\n"
     "return {ids, redis.call('HGETALL', ARGV[1]..':depth:'..ARGV[3])}\n")
 
 # ARGV: P, model; flat {tier, enqueued_at of its oldest queued job, ...} (each tenant's head is its oldest).

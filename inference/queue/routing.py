@@ -25,6 +25,12 @@ How, in three parts:
   not wait while another has work), or (e) has waited `steal_after_s` or longer (work stealing: no job
   waits on its preferred worker past the bound). The preferred worker is the live
   owner of the job's deepest key with one. A worker that skips a job for another wakes that worker.
+- Step-aware wait: at each intake a busy worker reports, beside its room, how long it takes between intakes
+  (the worker loop's moving average of a pass: one engine step and its hand-overs). A job then waits on its
+  busy preferred worker only while that worker is expected back in time: it is taken by another at once
+  when the owner's next intake is expected after the job's bound, or when the owner is late (its last
+  intake plus LATE_FACTOR intervals plus LATE_SLACK_S has passed: it is in a long step, such as a big
+  prefill). An idle preferred worker is woken and comes at once, so it reports no interval.
 
 A worker that dies is no longer live once its heartbeat expires: its keys stop attracting work at once
 and the next worker to take such a job claims them. A job skipped for another worker never leaves the
@@ -47,6 +53,8 @@ from dataclasses import dataclass
 
 MAX_KEYS = 10  # 1, 2, 4, ... 512 blocks: prompts up to 8k tokens at 16-token blocks
 ROUTING_BLOCK_TOKENS = 16
+LATE_FACTOR = 2  # a busy worker is late when LATE_FACTOR of its intake intervals (plus the slack) have passed
+LATE_SLACK_S = 0.01
 ROOM_TTL_S = 5.0  # a worker's reported room counts this long (it reports at every intake, at least every ~1 s)
 
 
@@ -100,7 +108,7 @@ class AffinityTable:
     def __init__(self) -> None:
         self.owner: dict[tuple[str, str], str] = {}  # (model, key) -> worker
         self.owned: dict[str, OrderedDict[tuple[str, str], None]] = {}  # worker -> its keys, oldest first
-        self.room: dict[str, tuple[int, float]] = {}  # worker -> (room, reported at, monotonic)
+        self.room: dict[str, tuple[int, float, float]] = {}  # worker -> (room, reported at (monotonic), interval)
 
     def preferred(self, model: str, keys: Sequence[str], live: Callable[[str], bool]) -> str | None:
         for key in reversed(keys):
@@ -110,8 +118,23 @@ class AffinityTable:
         return None
 
     def has_room(self, worker: str, now: float) -> bool:
-        room, at = self.room.get(worker, (0, 0.0))
+        room, at, _ = self.room.get(worker, (0, 0.0, 0.0))
         return room > 0 and now - at < ROOM_TTL_S
+
+    def report(self, worker: str, room: int, now: float, every: float, busy: bool) -> None:
+        """A worker's intake: the jobs it could take and, while busy, the seconds between its intakes."""
+        self.room[worker] = (room, now, every if busy else 0.0)
+
+    def owner_wait(self, worker: str, now: float, left: float) -> float:
+        """How long of `left` (the job's time to its bound) a job may wait on its busy preferred `worker`:
+        0 when that worker is not expected back in time or is late (module docstring), else `left` or less."""
+        _, at, every = self.room.get(worker, (0, 0.0, 0.0))
+        if every <= 0:
+            return left
+        late = at + LATE_FACTOR * every + LATE_SLACK_S - now
+        if at + every - now >= left or late <= 0:
+            return 0.0
+        return min(left, late)
 
     def claim(self, model: str, keys: Sequence[str], worker: str, live: Callable[[str], bool], cap: int) -> None:
         """After `worker` took a job: the keys nobody live holds become its own, its own are refreshed."""

@@ -16,10 +16,8 @@ engine; neither stops the loop. An engine that declares itself dead (a broken
 device: every request failed alone) has ended its requests once: the loop
 stops taking work and returns once the requests in hand are finished.
 
-Room: the worker holds at most max_num_seqs + prefetch jobs and leases nothing
-while `prefetch` or more wait inside the engine (KV cache full). The rest stay
-on the shared queue, where the tier weights decide and other workers can take
-them.
+Room (how many jobs it leases) and the intake interval it reports to routing:
+inference.worker.intake.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ from .endings import RequestEndings
 from .finish import ActiveRequest, db_connections_close, endings_spool
 from .ending_thread import Finisher
 from .heartbeat import Heartbeats, WorkerFigures
+from .intake import IntakeClock, intake_room
 from .listeners import ReplyWatch
 from .marks import StartMarks
 from .reaper import dead_workers_reap, dropped_jobs_finish, reap_result_finish
@@ -102,6 +101,7 @@ class WorkerLoop:
         self._stopping = threading.Event()
         self._next_reap = 0.0
         self._next_dropped = 0.0
+        self.intake_clock = IntakeClock()  # how often this worker comes for work while busy (queue.routing)
         self.heartbeats = Heartbeats(registry=queue.workers, worker_id=self.worker_id, model=model, figures=self.figures,
                                      interval=heartbeat_interval)
         self.endings = RequestEndings(queue=queue, sink=sink, worker_id=self.worker_id, active=self.active)
@@ -194,6 +194,7 @@ class WorkerLoop:
             self._intake()
         if self.active or self.engine.has_unfinished():
             self._step()
+            self.intake_clock.stepped()
             if self.active and not self.engine.has_unfinished():
                 # The engine holds nothing, yet these never finished: end them here.
                 for request_id in list(self.active):
@@ -237,18 +238,13 @@ class WorkerLoop:
 
     # ------------------------------------------------------------ intake
     def room(self) -> int:
-        try:
-            waiting = int(self.engine.stats().get("waiting", 0))
-        except Exception:  # noqa: BLE001
-            waiting = 0
-        if waiting >= max(1, self.prefetch):
-            return 0
-        return max(0, self.max_num_seqs + self.prefetch - len(self.active))
+        return intake_room(self.engine, len(self.active), self.max_num_seqs, self.prefetch)
 
     def _intake(self) -> None:
         """Before a step: the cancellations (aborted), then new jobs if there is room (one round trip on Redis
         while nothing is queued: a busy worker asked twice per step before)."""
-        cancelled, jobs = self.queue.take_cancellations_and_lease(self.worker_id, self.model, self.room())
+        cancelled, jobs = self.queue.take_cancellations_and_lease(self.worker_id, self.model, self.room(),
+                                                                  intake_every_s=self.intake_clock.intake())
         self._cancellations_apply(cancelled)
         self._jobs_add(jobs)
 

@@ -28,9 +28,19 @@ def job_for(prompt: list[int], *, tenant_id: int = 1, salt: str | None = None, *
     return make_job(tenant_id=tenant_id, prompt_token_ids=prompt, prefix_keys=prefix_keys(prompt, salt), **fields)
 
 
-def report_room(queue, worker: str, room: int = 8) -> None:
-    """A worker's intake: what it could take now (nothing is queued for it, so nothing is leased)."""
-    queue.take_cancellations_and_lease(worker, "m", room)
+def report_room(queue, worker: str, room: int = 8, every: float = 0.0) -> None:
+    """A worker's intake: what it could take now and, when busy, its seconds between intakes (nothing is
+    queued for it, so nothing is leased)."""
+    queue.take_cancellations_and_lease(worker, "m", room, intake_every_s=every)
+
+
+def steal_wait(queue, worker: str, limit: float) -> tuple[list, float]:
+    """`worker` waits as a worker loop does until it takes something (or `limit` passes): (jobs, seconds)."""
+    started, taken = time.monotonic(), []
+    while not taken and time.monotonic() - started < limit:
+        queue.wait_for_work("m", timeout=1.0, worker_id=worker)
+        taken = queue.lease(worker, "m", 1)
+    return taken, time.monotonic() - started
 
 
 def test_prefix_keys_are_chained_per_block_salted_and_shallowest_first():
@@ -114,6 +124,58 @@ def test_an_idle_worker_takes_work_from_a_preferred_worker_much_busier_than_it(q
     # wa holds two jobs and wb none: the imbalance reaches `balance`, wb does not stay idle
     assert [job.request_id for job in queue.lease("wb", "m", 1)] == [waiting.request_id]
     assert second.prefix_keys  # (the jobs did carry keys)
+
+
+def test_a_job_waits_on_a_busy_preferred_worker_only_until_it_is_late(queue_factory):
+    """Step-aware wait: the owner reported an intake every 50 ms; it is late after 2 x 50 + 10 ms, and the job
+    is stolen then, not at the (long) bound."""
+    queue = routed(queue_factory, steal_after_s=30.0)
+    queue.enqueue(job_for(SYSTEM_A))
+    queue.lease("wa", "m", 1)  # wa holds this job: busy
+    report_room(queue, "wa", every=0.05)
+    waiting = job_for(SYSTEM_A + [9])
+    queue.enqueue(waiting)
+    assert queue.lease("wb", "m", 1) == []  # wa is expected back within 50 ms
+    taken, waited = steal_wait(queue, "wb", limit=5.0)
+    assert [job.request_id for job in taken] == [waiting.request_id]
+    assert 0.03 <= waited <= 1.0, waited  # once wa was late (~0.11 s after its intake), far under 30 s
+
+
+def test_a_busy_preferred_worker_back_in_time_keeps_its_job(queue_factory):
+    queue = routed(queue_factory, steal_after_s=30.0)
+    queue.enqueue(job_for(SYSTEM_A))
+    queue.lease("wa", "m", 1)
+    report_room(queue, "wa", every=0.2)
+    waiting = job_for(SYSTEM_A + [9])
+    queue.enqueue(waiting)
+    assert queue.lease("wb", "m", 1) == []
+    assert [job.request_id for job in queue.lease("wa", "m", 1, intake_every_s=0.2)] == [waiting.request_id]
+
+
+def test_a_job_does_not_wait_on_a_worker_not_back_before_its_bound(queue_factory):
+    queue = routed(queue_factory)  # the bound: STEAL_S
+    queue.enqueue(job_for(SYSTEM_A))
+    queue.lease("wa", "m", 1)
+    report_room(queue, "wa", every=STEAL_S * 3)  # wa's steps are long: its next intake comes after the bound
+    waiting = job_for(SYSTEM_A + [9])
+    queue.enqueue(waiting)
+    assert [job.request_id for job in queue.lease("wb", "m", 1)] == [waiting.request_id]
+
+
+def test_an_idle_preferred_worker_is_waited_for_not_judged_late(queue_factory):
+    """A worker holding nothing is woken when a job is left to it: however long ago its last intake, the job
+    waits for it (up to the bound)."""
+    queue = routed(queue_factory, steal_after_s=30.0)
+    first = job_for(SYSTEM_A)
+    queue.enqueue(first)
+    queue.lease("wa", "m", 1)
+    queue.complete("wa", first.request_id)  # wa holds nothing now
+    report_room(queue, "wa", every=0.01)
+    time.sleep(0.1)  # ten of its last intervals
+    waiting = job_for(SYSTEM_A + [9])
+    queue.enqueue(waiting)
+    assert queue.lease("wb", "m", 1) == []
+    assert [job.request_id for job in queue.lease("wa", "m", 1)] == [waiting.request_id]
 
 
 def test_a_preferred_worker_that_dies_loses_nothing(queue_factory):

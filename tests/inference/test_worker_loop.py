@@ -170,6 +170,8 @@ def test_concurrent_requests_each_stream_their_own_text(engine, harness_factory,
         assert done["usage"]["completion_tokens"] == len(ids) > 0
         assert record(job.request_id).completion_tokens == len(ids)
     assert record_count(request_id__in=[j.request_id for j in jobs]) == 3
+    # the loop timed its busy passes: the intake interval it reports to routing's step-aware wait
+    assert 0 < harness.loop.intake_clock.every_s < 30
     live = harness.queue.live_workers(MODEL)
     assert live and live[0]["worker_id"] == "w-test" and live[0]["device"] == "cpu"
     assert {"running", "waiting", "kv_usage", "tok_s"} <= set(live[0])
