@@ -29,7 +29,7 @@ Model names may contain ':' but tiers and tenants (slug, integer id) may not,
 so the keys stay unambiguous; no name may contain a tab (Job checks).
 """
 
-from .routing import LATE_FACTOR, LATE_SLACK_S
+from .routing import LATE_FACTOR, LATE_SLACK_S, ROOM_TTL_S
 
 ENQUEUE = r"""
 local P, rid, job, m, t, n, e, maxd = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
@@ -49,13 +49,14 @@ return 1
 
 # The room a worker reports at an intake (P:room:W; read by LEASE's `acceptable`). `every` is the worker's
 # seconds between intakes while busy; a worker holding nothing is woken when wanted, so it gives none.
-_ROOM = f"local LATE_FACTOR, LATE_SLACK_S = {LATE_FACTOR}, {LATE_SLACK_S}\n" + r"""
+_ROOM = (f"local LATE_FACTOR, LATE_SLACK_S, ROOM_TTL_MS = {LATE_FACTOR}, {LATE_SLACK_S}, {int(ROOM_TTL_S * 1000)}\n"
+         + r"""
 local function clock() local t = redis.call('TIME'); return tonumber(t[1]) + tonumber(t[2]) / 1000000 end
 local function room_report(P, w, room, every)
   if redis.call('HLEN', P..':lease:'..w) == 0 then every = 0 end
-  redis.call('SET', P..':room:'..w, string.format('%d,%.6f,%.6f', room, clock(), every), 'PX', 5000)
+  redis.call('SET', P..':room:'..w, string.format('%d,%.6f,%.6f', room, clock(), every), 'PX', ROOM_TTL_MS)
 end
-"""
+""")
 
 # ARGV: P, model, worker, now (unix s), steal_after_s (<= 0: routing off), scan, keys_per_worker, room,
 # balance, seconds between this worker's intakes while busy (0: unknown), tier, tier, ... (the selector's plan).
