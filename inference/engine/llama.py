@@ -47,7 +47,7 @@ from torch import nn
 
 from kernels.dispatch import get_ops
 
-from . import cpu_matmul, packed_linear, rope
+from . import cpu_matmul, native_stack, packed_linear, rope
 from .attention import PagedAttention
 from .attention_metadata import AttentionMetadata
 from .model_config import ModelConfig
@@ -163,6 +163,9 @@ class LlamaForCausalLM(nn.Module):
         self.local_rope = [config.gemma and config.layer_window(i) > 0 for i in range(config.num_layers)]
         self.output_int8: Int8Blocks | None = None  # the output weight as exact int8 blocks (few-row LM head)
         self.output_prepacked: torch.Tensor | None = None  # oneDNN-blocked copy (cpu_matmul.prepack)
+        # inference.engine.native_stack: the stack in one native call for few-row CPU decode steps; None: not
+        # decided yet, False: the model is not one it computes
+        self.native_stack: native_stack.NativeStack | bool | None = None
         self.output_fp8 = None  # an fp8 copy of the output weight (fp8_linear.Fp8Head, EngineConfig.fp8_lm_head)
 
     def cos_sin_cache(self, device: torch.device, local: bool = False) -> torch.Tensor:
@@ -196,6 +199,11 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} KV caches, got {len(kv_caches)}")
         device = input_ids.device
+        stack = self.native_stack
+        if stack is None:  # decided once, at the first forward (the packed copies are attached by then)
+            stack = self.native_stack = native_stack.NativeStack(self) if native_stack.eligible(self) else False
+        if stack and stack.applies(input_ids, meta, kv_caches):
+            return stack.forward(self.embed(input_ids), positions, meta, kv_caches, self.cos_sin_cache(device))
         ops = get_ops(device)
         hidden = self.embed(input_ids)
         residual = None
