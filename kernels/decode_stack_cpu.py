@@ -134,6 +134,8 @@ def unregister(handle: int) -> None:
 
 def run(handle: int, hidden: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
         block_tables: torch.Tensor, seq_lens: torch.Tensor, cos_sin: torch.Tensor,
-        k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> torch.Tensor:
+        k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], num_splits: int = 0) -> torch.Tensor:
+    """hidden [T, H] -> the final hidden states; each row attends over its own block table row up to its own
+    sequence length, in ``num_splits`` parts (0: the kernel's choice; 1: batch-invariant mode's)."""
     return torch.ops.llmp_decode_stack.run(handle, hidden, positions, slot_mapping, block_tables, seq_lens, cos_sin,
-                                           k_caches, v_caches)
+                                           k_caches, v_caches, num_splits)

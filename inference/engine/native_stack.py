@@ -15,7 +15,11 @@ It applies where the per-op path would run exactly those kernels:
   cache for all layers;
 - the step: decode rows only (`meta.decode_only`: plain decodes and
   speculative draft rows, each its own query), at most as many as the int4
-  copies take (`Linear.int4_max_rows`), not batch-invariant, bfloat16 caches.
+  copies take (`Linear.int4_max_rows`), bfloat16 caches; or, in
+  batch-invariant mode, any step: that mode multiplies by the int4 copies at
+  every row count and attends one row at a time with one split per row over
+  `meta.row_block_tables` / `row_seq_lens` (inference/engine/invariant_mode.py),
+  which is what the stack does given those rows and `num_splits=1`.
 Anything else takes the per-op path.
 """
 
@@ -73,15 +77,21 @@ class NativeStack:
 
     def applies(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list) -> bool:
         rows = input_ids.shape[0]
-        return (meta.decode_only and not meta.batch_invariant and 0 < rows <= self.first_proj.int4_max_rows()
-                and input_ids.is_cpu and kv_caches[0][0].dtype == torch.bfloat16)
+        if not (rows and input_ids.is_cpu and kv_caches[0][0].dtype == torch.bfloat16):
+            return False
+        if meta.batch_invariant:
+            return meta.row_block_tables is not None
+        return meta.decode_only and rows <= self.first_proj.int4_max_rows()
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], cos_sin: torch.Tensor) -> torch.Tensor:
         """The embedded rows [T, H] -> the final hidden states [T, H]; this step's keys and values written."""
-        block_tables = meta.block_tables
+        if meta.batch_invariant:  # a row each, one split a row (kernels/row_attention.py)
+            block_tables, seq_lens, num_splits = meta.row_block_tables, meta.row_seq_lens, 1
+        else:  # decode rows: a sequence each, the kernel's splits
+            block_tables, seq_lens, num_splits = meta.block_tables, meta.seq_lens, 0
         if block_tables.stride(1) != 1:
             block_tables = block_tables.contiguous()
         return decode_stack_cpu.run(self.handle, hidden.contiguous(), positions.contiguous(),
-                                    meta.slot_mapping.contiguous(), block_tables, meta.seq_lens.contiguous(), cos_sin,
-                                    [k for k, _ in kv_caches], [v for _, v in kv_caches])
+                                    meta.slot_mapping.contiguous(), block_tables, seq_lens.contiguous(), cos_sin,
+                                    [k for k, _ in kv_caches], [v for _, v in kv_caches], num_splits)

@@ -6,8 +6,9 @@
 // embedding, K/V store, SiLU-and-multiply and paged decode attention of kernels/csrc (called through their
 // addresses in the library kernels.cpu_native loaded, so the same machine code), and PyTorch's
 // `_weight_int4pack_mm_for_cpu` for the four projections, so the hidden states are bit for bit the Python
-// path's. Rows are independent decode rows: each has its own block table row and sequence length (a
-// speculative step's draft rows of one sequence each see the keys up to their own position).
+// path's. Rows are independent query rows: each has its own block table row and sequence length (a
+// speculative step's draft rows of one sequence, or batch-invariant mode's prompt rows, each see the keys up to
+// their own position; this step's keys are all stored before any row attends).
 //
 // A model's weights are registered once (`decode_stack_register` -> a handle) so a step passes only its
 // activations and metadata.
@@ -138,12 +139,13 @@ void decode_stack_unregister(int64_t handle) {
 
 // hidden: the embedded input rows [T, H] bfloat16; positions, slot_mapping int64 [T]; block_tables int32 [T, M]
 // and seq_lens int32 [T], a row each; cos_sin float32 [P, D]; a K and a V cache a layer
-// [num_blocks, block_size, Hkv, D] bfloat16. Writes this step's keys and values into the caches and returns the
+// [num_blocks, block_size, Hkv, D] bfloat16; num_splits: the attention's parts per row (0: the kernel's choice
+// from the batch; 1: batch-invariant mode's one split, kernels/row_attention.py). Writes this step's keys and values into the caches and returns the
 // final hidden states [T, H] (after the model's last norm).
 at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::Tensor &positions,
                             const at::Tensor &slot_mapping, const at::Tensor &block_tables,
                             const at::Tensor &seq_lens, const at::Tensor &cos_sin, at::TensorList k_caches,
-                            at::TensorList v_caches) {
+                            at::TensorList v_caches, int64_t num_splits) {
   const std::shared_ptr<const Stack> stack_ptr = find(handle);
   const Stack &s = *stack_ptr;
   const int64_t layers = static_cast<int64_t>(s.layers.size());
@@ -164,6 +166,7 @@ at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::
               "decode_stack: cos_sin must be contiguous float32 [P, head_dim]");
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == layers && static_cast<int64_t>(v_caches.size()) == layers,
               "decode_stack: a K and a V cache a layer");
+  TORCH_CHECK(num_splits >= 0, "decode_stack: num_splits must be >= 0");
   const int64_t hq = s.num_heads, hkv = s.num_kv_heads, d = s.head_dim, h = s.hidden;
   const int64_t joint = (hq + hkv) * d, qkv_width = (hq + 2 * hkv) * d;
   for (int64_t i = 0; i < layers; i++) {
@@ -215,7 +218,7 @@ at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::
     const int status = s.attention(joint_qk.data_ptr(), joint, d, k_cache.data_ptr(), v_cache.data_ptr(),
                                    k_cache.size(0), k_cache.size(1), hkv, block_tables.data_ptr<int32_t>(),
                                    block_tables.stride(0), block_tables.size(1), seq_lens.data_ptr<int32_t>(),
-                                   attn.data_ptr(), rows, hq, d, static_cast<float>(s.scale), kBf16, 0, threads,
+                                   attn.data_ptr(), rows, hq, d, static_cast<float>(s.scale), kBf16, num_splits, threads,
                                    l.window);
     TORCH_CHECK(status == 0, "decode_stack: paged decode attention failed (", status, ")");
     at::Tensor o = at::_weight_int4pack_mm_for_cpu(attn, l.o, kGroup, l.o_sz);
@@ -242,6 +245,6 @@ TORCH_LIBRARY(llmp_decode_stack, m) {
         &decode_stack_register);
   m.def("unregister(int handle) -> ()", &decode_stack_unregister);
   m.def("run(int handle, Tensor hidden, Tensor positions, Tensor slot_mapping, Tensor block_tables, "
-        "Tensor seq_lens, Tensor cos_sin, Tensor[] k_caches, Tensor[] v_caches) -> Tensor",
+        "Tensor seq_lens, Tensor cos_sin, Tensor[] k_caches, Tensor[] v_caches, int num_splits) -> Tensor",
         &decode_stack_run);
 }

@@ -98,6 +98,15 @@ def test_preemption_and_prefix_hits_keep_the_bits(monkeypatch):
     assert small.scheduler.num_preemptions > 0
 
 
+def test_batch_invariant_mode_takes_it_for_every_step_with_the_same_bits(monkeypatch):
+    invariant = build(batch_invariant=True, max_num_batched_tokens=64)  # prompts come in chunks of rows
+    batch = prompts(invariant)
+    native, calls = generate(invariant, batch, True, monkeypatch)
+    per_op, no_calls = generate(invariant, batch, False, monkeypatch)
+    assert native == per_op and no_calls == []
+    assert max(calls) == 64  # prompt chunks too, not only decodes
+
+
 def test_a_float32_model_keeps_the_per_op_path():
     f32 = Engine(EngineConfig(dtype="float32", num_kv_blocks=16, max_num_seqs=2))
     f32.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=2))
