@@ -128,6 +128,14 @@ def register(weights: list[torch.Tensor], final_norm: torch.Tensor, windows: lis
     return torch.ops.llmp_decode_stack.register(weights, final_norm, windows, shape, eps, scale, kernel_addresses())
 
 
+PARTS = ("norms", "qkv", "rotary + K/V store", "attention", "o_proj", "gate_up", "activation", "down")
+
+
+def profile(enable: bool) -> dict[str, float]:
+    """Turn the stack's per-part timing on or off -> the seconds each part took since the last call (zeroed)."""
+    return {part: ns / 1e9 for part, ns in zip(PARTS, torch.ops.llmp_decode_stack.profile(enable))}
+
+
 def unregister(handle: int) -> None:
     torch.ops.llmp_decode_stack.unregister(handle)
 

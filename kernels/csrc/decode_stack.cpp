@@ -19,6 +19,9 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -57,6 +60,22 @@ struct Stack {
   act_fn silu_and_mul;
   store_fn store_kv;
   attention_fn attention;
+};
+
+// Optional per-part timing (benchmarks/cpu_step_profile.py): nanoseconds spent in each part since the last read.
+enum Part { kNorms, kQkv, kRotaryStore, kAttention, kOProj, kGateUp, kActivation, kDown, kParts };
+std::atomic<bool> profiling{false};
+std::array<std::atomic<int64_t>, kParts> part_ns{};
+
+struct PartTimer {
+  bool on = profiling.load(std::memory_order_relaxed);
+  std::chrono::steady_clock::time_point last = on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  void lap(Part part) {
+    if (!on) return;
+    const auto now = std::chrono::steady_clock::now();
+    part_ns[part] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - last).count();
+    last = now;
+  }
 };
 
 std::mutex registry_lock;
@@ -177,6 +196,7 @@ at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::
                 "decode_stack: layer ", i, "'s caches must be contiguous bfloat16 [blocks, block_size, ", hkv, ", ",
                 d, "]");
   }
+  PartTimer timer;
   const int threads = at::get_num_threads();
   const float eps = static_cast<float>(s.eps);
   auto opts = hidden.options();
@@ -200,7 +220,9 @@ at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::
                  new_residual.data_ptr(), rows, h, h, h, h, h, eps, kBf16, 0, threads);
       residual = new_residual;
     }
+    timer.lap(kNorms);
     at::Tensor qkv = at::_weight_int4pack_mm_for_cpu(normed, l.qkv, kGroup, l.qkv_sz);
+    timer.lap(kQkv);
     TORCH_CHECK(qkv.is_contiguous() && qkv.size(1) == qkv_width, "decode_stack: unexpected qkv output");
     char *qkv_ptr = static_cast<char *>(qkv.data_ptr());
     const int64_t bad_pos = s.rotary(qkv_ptr, joint_qk.data_ptr(), positions.data_ptr<int64_t>(),
@@ -215,25 +237,42 @@ at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::
                                          num_slots);
     TORCH_CHECK(bad_slots == 0, "decode_stack: ", bad_slots, " slot(s) out of range for a cache of ", num_slots,
                 " slots");
+    timer.lap(kRotaryStore);
     const int status = s.attention(joint_qk.data_ptr(), joint, d, k_cache.data_ptr(), v_cache.data_ptr(),
                                    k_cache.size(0), k_cache.size(1), hkv, block_tables.data_ptr<int32_t>(),
                                    block_tables.stride(0), block_tables.size(1), seq_lens.data_ptr<int32_t>(),
                                    attn.data_ptr(), rows, hq, d, static_cast<float>(s.scale), kBf16, num_splits, threads,
                                    l.window);
     TORCH_CHECK(status == 0, "decode_stack: paged decode attention failed (", status, ")");
+    timer.lap(kAttention);
     at::Tensor o = at::_weight_int4pack_mm_for_cpu(attn, l.o, kGroup, l.o_sz);
+    timer.lap(kOProj);
     at::Tensor new_residual = at::empty({rows, h}, opts);
     s.rms_norm(o.data_ptr(), residual.data_ptr(), l.post_norm.data_ptr(), normed.data_ptr(), new_residual.data_ptr(),
                rows, h, h, h, h, h, eps, kBf16, 0, threads);
     residual = new_residual;
+    timer.lap(kNorms);
     at::Tensor gate_up = at::_weight_int4pack_mm_for_cpu(normed, l.gate_up, kGroup, l.gate_up_sz);
+    timer.lap(kGateUp);
     s.silu_and_mul(gate_up.data_ptr(), act.data_ptr(), rows, s.intermediate, 2 * s.intermediate, s.intermediate,
                    kBf16, threads);
+    timer.lap(kActivation);
     x = at::_weight_int4pack_mm_for_cpu(act, l.down, kGroup, l.down_sz);
+    timer.lap(kDown);
   }
   at::Tensor out = at::empty({rows, h}, opts);
   s.rms_norm(x.data_ptr(), residual.data_ptr(), s.final_norm.data_ptr(), out.data_ptr(), normed.data_ptr(), rows, h,
              h, h, h, h, eps, kBf16, 0, threads);
+  timer.lap(kNorms);
+  return out;
+}
+
+// Turns the per-part timing on or off and returns the nanoseconds of each part since the last call (norms, qkv,
+// rotary + K/V store, attention, o_proj, gate_up, activation, down), zeroing them.
+std::vector<int64_t> decode_stack_profile(bool enable) {
+  profiling = enable;
+  std::vector<int64_t> out;
+  for (auto &ns : part_ns) out.push_back(ns.exchange(0));
   return out;
 }
 
@@ -244,6 +283,7 @@ TORCH_LIBRARY(llmp_decode_stack, m) {
         "int[] kernels) -> int",
         &decode_stack_register);
   m.def("unregister(int handle) -> ()", &decode_stack_unregister);
+  m.def("profile(bool enable) -> int[]", &decode_stack_profile);
   m.def("run(int handle, Tensor hidden, Tensor positions, Tensor slot_mapping, Tensor block_tables, "
         "Tensor seq_lens, Tensor cos_sin, Tensor[] k_caches, Tensor[] v_caches, int num_splits) -> Tensor",
         &decode_stack_run);

@@ -15,7 +15,10 @@
  * reads KV head h / (Hq / Hkv).
  *
  * Work items are (sequence, KV head, split): a split is a range of the
- * sequence's tokens, so a batch of one still spreads over all threads. All G
+ * sequence's tokens, so a batch of one still spreads over all threads. Rows
+ * that read the same keys (a speculative step's draft rows of one sequence:
+ * equal block tables, no window) share an item, which loads each K/V tile
+ * once for all of them; each row's arithmetic is what it would be alone. All G
  * query heads of the KV head share each K/V row (converted to float32 once),
  * and softmax runs online per tile of tokens in float32 (base-2, the scale
  * folded into q). With more than one split, each item leaves its unnormalised
@@ -49,6 +52,7 @@ enum { OK = 0, ERR_SEQ_LEN = 1, ERR_BLOCK_ID = 2, ERR_ARGS = 3, ERR_NOMEM = 4 };
 #define MIN_SPLIT 128    /* never split a sequence into parts shorter than this */
 #define LANES 16         /* floats per inner vector step: one AVX-512 register, two AVX2, four SSE/NEON */
 #define LOG2E 1.4426950408889634f
+#define MAX_GROUP_ROWS 16 /* rows of one sequence attended together (a speculative step's drafts) */
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -233,6 +237,8 @@ typedef struct {
     int64_t token_stride, block_stride; /* elements */
     int64_t esize, num_splits, split_tiles;
     int64_t window; /* > 0: a sliding window, the query at len - 1 sees keys len - window .. len - 1 */
+    const int64_t *group_starts; /* [num_groups + 1]: group i is rows group_starts[i] .. group_starts[i + 1] - 1 */
+    int64_t num_groups, max_group;
     float scale_log2;
     int dtype;
 } problem_t;
@@ -259,7 +265,7 @@ static float *alloc_floats(size_t n)
 
 static int scratch_init(scratch_t *s, const problem_t *p)
 {
-    size_t g = (size_t)p->group, dp = (size_t)padded(p->head_dim);
+    size_t g = (size_t)(p->group * p->max_group), dp = (size_t)padded(p->head_dim);
     size_t n = 2 * g * dp + g * TILE + TILE * dp + 4 * g + 4 * TILE;
     float *base = alloc_floats(n);
     if (!base)
@@ -295,6 +301,19 @@ ALWAYS_INLINE int64_t tile_rows(const problem_t *restrict p, const int32_t *rest
         off++;
     }
     return n_tok;
+}
+
+/* The scratch seen from query j0 on: the per-tile functions then work on one row's G queries of a group. */
+ALWAYS_INLINE scratch_t row_view(const scratch_t *s, int64_t j0, int64_t dp)
+{
+    scratch_t v = *s;
+    v.q = s->q + j0 * dp;
+    v.acc = s->acc + j0 * dp;
+    v.scores = s->scores + j0 * TILE;
+    v.m = s->m + j0;
+    v.l = s->l + j0;
+    v.alpha = s->alpha + j0;
+    return v;
 }
 
 /* ---- one tile of tokens: scores, online softmax, weighted sum of V ------------
@@ -466,31 +485,41 @@ ALWAYS_INLINE int64_t visible_from(int64_t len, int64_t window)
     return window > 0 && len > window ? len - window : 0;
 }
 
-/* Attend one (sequence b, KV head h, split) item: keys lo + split * span .. (its part of lo .. len - 1). */
+/* Attend one (row group, KV head h, split) item. A group is rows b0 .. b1 - 1 whose block tables agree over
+ * every block they read and that have no window (group_rows): they read the same keys, so each tile of K and V
+ * is loaded and converted once for all of them (a speculative step's draft rows of one sequence). Each row keeps
+ * its own G queries, and its own end (keys lo + split * span up to its own length): a row takes exactly the
+ * tiles, the scores and the sums it would take alone, so its result is the same bits as an item of its own. */
 ALWAYS_INLINE void attend_item(const problem_t *restrict p, scratch_t *restrict s,
-                               int64_t b, int64_t h, int64_t split, int dtype, int64_t dp)
+                               int64_t b0, int64_t b1, int64_t h, int64_t split, int dtype, int64_t dp)
 {
-    const int64_t D = p->head_dim, G = p->group;
-    const int64_t len = p->seq_lens[b];
-    const int64_t lo = visible_from(len, p->window);
+    const int64_t D = p->head_dim, G = p->group, R = b1 - b0;
     const int64_t span = p->split_tiles * TILE;
-    const int64_t start = lo + split * span;
-    const int64_t end = start + span < len ? start + span : len;
-    const int32_t *table = p->block_tables + b * p->bt_stride;
+    const int32_t *table = p->block_tables + b0 * p->bt_stride;
     const int64_t esize = p->esize;
-
-    for (int64_t g = 0; g < G; g++) {
-        const char *qrow = p->q + (b * p->q_stride_b + (h * G + g) * p->q_stride_h) * esize;
-        float *qf = s->q + g * dp;
-        load_row(qf, qrow, D, dtype);
-        for (int64_t d = 0; d < D; d++)
-            qf[d] *= p->scale_log2;
-        float *acc = s->acc + g * dp;
-        for (int64_t d = 0; d < D; d++)
-            acc[d] = 0.0f;
-        s->m[g] = -INFINITY;
-        s->l[g] = 0.0f;
+    /* every row of a group starts at the same key (lo is 0 for a group of more than one row) */
+    const int64_t start = visible_from(p->seq_lens[b0], p->window) + split * span;
+    int64_t ends[MAX_GROUP_ROWS], end = start;
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t len = p->seq_lens[b0 + r];
+        ends[r] = start + span < len ? start + span : len;
+        end = ends[r] > end ? ends[r] : end;
     }
+
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t j = r * G + g;
+            const char *qrow = p->q + ((b0 + r) * p->q_stride_b + (h * G + g) * p->q_stride_h) * esize;
+            float *qf = s->q + j * dp;
+            load_row(qf, qrow, D, dtype);
+            for (int64_t d = 0; d < D; d++)
+                qf[d] *= p->scale_log2;
+            float *acc = s->acc + j * dp;
+            for (int64_t d = 0; d < D; d++)
+                acc[d] = 0.0f;
+            s->m[j] = -INFINITY;
+            s->l[j] = 0.0f;
+        }
 
     int64_t *rows = s->rows, *next = s->rows + TILE;
     tile_rows(p, table, h, start, end, next);
@@ -510,28 +539,41 @@ ALWAYS_INLINE void attend_item(const problem_t *restrict p, scratch_t *restrict 
             }
         for (int64_t n = 0; n < n_tok; n++)
             load_row(s->tile + n * dp, p->k_cache + rows[n] * esize, D, dtype);
-        tile_scores(s, G, dp, n_tok);
-        tile_softmax(s, G, n_tok);
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t mine = ends[r] - t0 < TILE ? ends[r] - t0 : TILE;
+            if (mine <= 0)
+                continue; /* this row's keys ended in an earlier tile */
+            scratch_t v = row_view(s, r * G, dp);
+            tile_scores(&v, G, dp, mine);
+            tile_softmax(&v, G, mine);
+        }
         for (int64_t n = 0; n < n_tok; n++)
             load_row(s->tile + n * dp, p->v_cache + rows[n] * esize, D, dtype);
-        tile_accumulate(s, G, dp, n_tok);
-    }
-
-    for (int64_t g = 0; g < G; g++) {
-        const int64_t head = h * G + g;
-        float *acc = s->acc + g * dp;
-        if (p->num_splits == 1) {
-            float inv = s->l[g] > 0.0f ? 1.0f / s->l[g] : 0.0f;
-            for (int64_t d = 0; d < D; d++)
-                acc[d] *= inv;
-            store_row(p->out + ((b * p->num_heads + head) * D) * esize, acc, D, dtype);
-        } else {
-            int64_t slot = (b * p->num_heads + head) * p->num_splits + split;
-            memcpy(p->part_acc + slot * D, acc, (size_t)D * sizeof(float));
-            p->part_ml[2 * slot] = s->m[g];
-            p->part_ml[2 * slot + 1] = s->l[g];
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t mine = ends[r] - t0 < TILE ? ends[r] - t0 : TILE;
+            if (mine <= 0)
+                continue;
+            scratch_t v = row_view(s, r * G, dp);
+            tile_accumulate(&v, G, dp, mine);
         }
     }
+
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t head = h * G + g, j = r * G + g, b = b0 + r;
+            float *acc = s->acc + j * dp;
+            if (p->num_splits == 1) {
+                float inv = s->l[j] > 0.0f ? 1.0f / s->l[j] : 0.0f;
+                for (int64_t d = 0; d < D; d++)
+                    acc[d] *= inv;
+                store_row(p->out + ((b * p->num_heads + head) * D) * esize, acc, D, dtype);
+            } else {
+                int64_t slot = (b * p->num_heads + head) * p->num_splits + split;
+                memcpy(p->part_acc + slot * D, acc, (size_t)D * sizeof(float));
+                p->part_ml[2 * slot] = s->m[j];
+                p->part_ml[2 * slot + 1] = s->l[j];
+            }
+        }
 }
 
 /* Merge the splits of (sequence b, query head) by log-sum-exp. */
@@ -566,7 +608,7 @@ ALWAYS_INLINE void merge_head(const problem_t *restrict p, float *restrict row, 
 
 ALWAYS_INLINE int run_items(const problem_t *restrict p, int nthreads, int dtype)
 {
-    const int64_t items = p->batch * p->num_kv_heads * p->num_splits;
+    const int64_t items = p->num_groups * p->num_kv_heads * p->num_splits;
     const int64_t merges = p->num_splits > 1 ? p->batch * p->num_heads : 0;
     const int64_t dp = padded(p->head_dim);
     int status = OK;
@@ -588,14 +630,15 @@ ALWAYS_INLINE int run_items(const problem_t *restrict p, int nthreads, int dtype
             for (int64_t i = 0; i < items; i++) {
                 int64_t split = i % p->num_splits;
                 int64_t rest = i / p->num_splits;
-                int64_t b = rest / p->num_kv_heads, h = rest % p->num_kv_heads;
+                int64_t grp = rest / p->num_kv_heads, h = rest % p->num_kv_heads;
+                int64_t b0 = p->group_starts[grp], b1 = p->group_starts[grp + 1];
                 /* constant padded widths for the common head sizes, so their loops unroll fully */
                 if (dp == 64)
-                    attend_item(p, &s, b, h, split, dtype, 64);
+                    attend_item(p, &s, b0, b1, h, split, dtype, 64);
                 else if (dp == 128)
-                    attend_item(p, &s, b, h, split, dtype, 128);
+                    attend_item(p, &s, b0, b1, h, split, dtype, 128);
                 else
-                    attend_item(p, &s, b, h, split, dtype, dp);
+                    attend_item(p, &s, b0, b1, h, split, dtype, dp);
             }
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < merges; i++)
@@ -605,6 +648,16 @@ ALWAYS_INLINE int run_items(const problem_t *restrict p, int nthreads, int dtype
             free(s.q);
     }
     return status;
+}
+
+/* Whether a row of `len` keys reads the same blocks through table `b` as through table `a`. */
+static int same_blocks(const int32_t *a, const int32_t *b, int64_t len, int64_t block_size)
+{
+    const int64_t blocks = (len + block_size - 1) / block_size;
+    for (int64_t j = 0; j < blocks; j++)
+        if (a[j] != b[j])
+            return 0;
+    return 1;
 }
 
 /* Splits per sequence: enough items for every thread (several each, for
@@ -665,6 +718,25 @@ int paged_decode_attention(
         .esize = dtype == DTYPE_F32 ? 4 : 2,
         .window = window, .scale_log2 = scale * LOG2E, .dtype = dtype,
     };
+    /* rows that read the same keys (equal block tables over all they read, no window) attend as one group;
+     * the splits stay those of the rows alone, so grouping changes no row's result */
+    int64_t *starts = (int64_t *)malloc((size_t)(batch + 1) * sizeof(int64_t));
+    if (!starts)
+        return ERR_NOMEM;
+    int64_t groups = 0, widest = 1;
+    starts[0] = 0;
+    for (int64_t b = 0; b < batch;) {
+        int64_t e = b + 1;
+        while (window == 0 && e < batch && e - b < MAX_GROUP_ROWS &&
+               same_blocks(block_tables + b * bt_stride, block_tables + e * bt_stride, seq_lens[e], block_size))
+            e++;
+        widest = e - b > widest ? e - b : widest;
+        starts[++groups] = e;
+        b = e;
+    }
+    p.group_starts = starts;
+    p.num_groups = groups;
+    p.max_group = widest;
     p.num_splits = num_splits > 0 ? num_splits : choose_splits(batch, num_kv_heads, max_len, nthreads);
     int64_t tiles = (max_len + TILE - 1) / TILE;
     p.split_tiles = (tiles + p.num_splits - 1) / p.num_splits;
@@ -677,6 +749,7 @@ int paged_decode_attention(
         if (!p.part_acc || !p.part_ml) {
             free(p.part_acc);
             free(p.part_ml);
+            free(starts);
             return ERR_NOMEM;
         }
     }
@@ -688,6 +761,7 @@ int paged_decode_attention(
     }
     free(p.part_acc);
     free(p.part_ml);
+    free(starts);
     return status;
 }
 

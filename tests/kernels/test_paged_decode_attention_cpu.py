@@ -236,3 +236,37 @@ def get_ops_ref():
     from kernels.dispatch import _ops
 
     return _ops("ref")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda s: "Hq%d-Hkv%d-D%d-bs%d" % s)
+@pytest.mark.parametrize("splits", [None, 1, 2, 3])
+def test_rows_reading_the_same_keys_attend_together_with_their_own_bits(shape, dtype, splits, threads):
+    """A speculative step's draft rows of one sequence (equal block tables, lengths L .. L + 3) share an item that
+    loads each K/V tile once; each row must still be the same bits as when it reads its keys through blocks of its
+    own (copies, so no two rows share a table), beside rows of other sequences and a row whose table agrees with
+    the drafts' in its first block only."""
+    hq, hkv, dim, bs = shape
+    case = make_paged_case([1] * 3, [290, 35, 2 * bs], hq, hkv, dim, bs, dtype, seed=7 + dim)
+    draft = case.block_tables[0]
+    other = case.block_tables[1].clone()
+    tail = case.block_tables[2].clone()
+    tail[:1] = draft[:1]  # shares its first block with the drafts, not its second
+    lens = torch.tensor([287, 288, 289, 290, 35, 2 * bs, 1], dtype=torch.int32)
+    shared = torch.stack([draft, draft, draft, draft, other, tail, draft]).contiguous()
+    # the same keys through copies of the drafts' blocks: every row its own table
+    used = -(-290 // bs)
+    num_blocks = case.k_cache.shape[0]
+    copies = [draft[:used]] + [torch.arange(num_blocks + i * used, num_blocks + (i + 1) * used, dtype=torch.int32)
+                               for i in range(4)]
+    k = torch.cat([case.k_cache] + [case.k_cache[draft[:used].long()]] * 4)
+    v = torch.cat([case.v_cache] + [case.v_cache[draft[:used].long()]] * 4)
+    own = shared.clone()
+    for row in range(1, 4):
+        own[row, :used] = copies[row]
+    own[6, :used] = copies[4]
+    q = torch.randn(shared.shape[0], hq, dim, generator=torch.Generator().manual_seed(3)).to(dtype)
+    together = paged_decode_attention_cpu(q, k, v, shared, lens, case.scale, num_splits=splits)
+    apart = paged_decode_attention_cpu(q, k, v, own, lens, case.scale, num_splits=splits)
+    for row in range(shared.shape[0]):
+        assert torch.equal(together[row], apart[row]), row
