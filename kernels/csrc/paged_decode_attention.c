@@ -53,6 +53,7 @@ enum { OK = 0, ERR_SEQ_LEN = 1, ERR_BLOCK_ID = 2, ERR_ARGS = 3, ERR_NOMEM = 4 };
 #define LANES 16         /* floats per inner vector step: one AVX-512 register, two AVX2, four SSE/NEON */
 #define LOG2E 1.4426950408889634f
 #define MAX_GROUP_ROWS 16 /* rows of one sequence attended together (a speculative step's drafts) */
+#define MAX_ITEM_QUERIES 64 /* queries (rows x query heads) an item keeps in its scratch */
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -239,6 +240,7 @@ typedef struct {
     int64_t window; /* > 0: a sliding window, the query at len - 1 sees keys len - window .. len - 1 */
     const int64_t *group_starts; /* [num_groups + 1]: group i is rows group_starts[i] .. group_starts[i + 1] - 1 */
     int64_t num_groups, max_group;
+    int64_t heads_per_item; /* KV heads an item attends (whole token rows of the cache) */
     float scale_log2;
     int dtype;
 } problem_t;
@@ -265,7 +267,7 @@ static float *alloc_floats(size_t n)
 
 static int scratch_init(scratch_t *s, const problem_t *p)
 {
-    size_t g = (size_t)(p->group * p->max_group), dp = (size_t)padded(p->head_dim);
+    size_t g = (size_t)(p->group * p->max_group * p->heads_per_item), dp = (size_t)padded(p->head_dim);
     size_t n = 2 * g * dp + g * TILE + TILE * dp + 4 * g + 4 * TILE;
     float *base = alloc_floats(n);
     if (!base)
@@ -485,13 +487,15 @@ ALWAYS_INLINE int64_t visible_from(int64_t len, int64_t window)
     return window > 0 && len > window ? len - window : 0;
 }
 
-/* Attend one (row group, KV head h, split) item. A group is rows b0 .. b1 - 1 whose block tables agree over
- * every block they read and that have no window (group_rows): they read the same keys, so each tile of K and V
- * is loaded and converted once for all of them (a speculative step's draft rows of one sequence). Each row keeps
- * its own G queries, and its own end (keys lo + split * span up to its own length): a row takes exactly the
- * tiles, the scores and the sums it would take alone, so its result is the same bits as an item of its own. */
+/* Attend one (row group, KV heads h0 .. h1 - 1, split) item. A group is rows b0 .. b1 - 1 whose block tables
+ * agree over every block they read and that have no window (group_starts): they read the same keys, so each
+ * tile of K and V is loaded and converted once for all of them (a speculative step's draft rows of one
+ * sequence). An item takes several KV heads so that it reads whole token rows of the cache (the heads of a
+ * token are contiguous), not one head's slice of each. Each (row, head) keeps its own G queries and each row its
+ * own end (keys lo + split * span up to its own length): a query takes exactly the tiles, scores and sums it
+ * would take in an item of its own, so its result is the same bits. Query j = ((h - h0) * R + r) * G + g. */
 ALWAYS_INLINE void attend_item(const problem_t *restrict p, scratch_t *restrict s,
-                               int64_t b0, int64_t b1, int64_t h, int64_t split, int dtype, int64_t dp)
+                               int64_t b0, int64_t b1, int64_t h0, int64_t h1, int64_t split, int dtype, int64_t dp)
 {
     const int64_t D = p->head_dim, G = p->group, R = b1 - b0;
     const int64_t span = p->split_tiles * TILE;
@@ -506,23 +510,26 @@ ALWAYS_INLINE void attend_item(const problem_t *restrict p, scratch_t *restrict 
         end = ends[r] > end ? ends[r] : end;
     }
 
-    for (int64_t r = 0; r < R; r++)
-        for (int64_t g = 0; g < G; g++) {
-            const int64_t j = r * G + g;
-            const char *qrow = p->q + ((b0 + r) * p->q_stride_b + (h * G + g) * p->q_stride_h) * esize;
-            float *qf = s->q + j * dp;
-            load_row(qf, qrow, D, dtype);
-            for (int64_t d = 0; d < D; d++)
-                qf[d] *= p->scale_log2;
-            float *acc = s->acc + j * dp;
-            for (int64_t d = 0; d < D; d++)
-                acc[d] = 0.0f;
-            s->m[j] = -INFINITY;
-            s->l[j] = 0.0f;
-        }
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t j = ((h - h0) * R + r) * G + g;
+                const char *qrow = p->q + ((b0 + r) * p->q_stride_b + (h * G + g) * p->q_stride_h) * esize;
+                float *qf = s->q + j * dp;
+                load_row(qf, qrow, D, dtype);
+                for (int64_t d = 0; d < D; d++)
+                    qf[d] *= p->scale_log2;
+                float *acc = s->acc + j * dp;
+                for (int64_t d = 0; d < D; d++)
+                    acc[d] = 0.0f;
+                s->m[j] = -INFINITY;
+                s->l[j] = 0.0f;
+            }
 
+    /* rows[n]: token n's row of head 0; head h's keys are h * D further */
     int64_t *rows = s->rows, *next = s->rows + TILE;
-    tile_rows(p, table, h, start, end, next);
+    tile_rows(p, table, 0, start, end, next);
+    const int64_t heads_bytes = (h1 - h0) * D * esize, first = h0 * D;
     for (int64_t t0 = start; t0 < end; t0 += TILE) {
         const int64_t n_tok = end - t0 < TILE ? end - t0 : TILE;
         int64_t *swap = rows;
@@ -530,50 +537,52 @@ ALWAYS_INLINE void attend_item(const problem_t *restrict p, scratch_t *restrict 
         next = swap;
         /* the next tile's rows are fetched while this one is computed (the blocks are scattered,
          * which defeats the hardware prefetchers) */
-        const int64_t n_next = tile_rows(p, table, h, t0 + TILE, end, next);
-        const int64_t row_bytes = D * esize;
+        const int64_t n_next = tile_rows(p, table, 0, t0 + TILE, end, next);
         for (int64_t n = 0; n < n_next; n++)
-            for (int64_t off = 0; off < row_bytes; off += 64) {
-                __builtin_prefetch(p->k_cache + next[n] * esize + off, 0, 3);
-                __builtin_prefetch(p->v_cache + next[n] * esize + off, 0, 3);
+            for (int64_t off = 0; off < heads_bytes; off += 64) {
+                __builtin_prefetch(p->k_cache + (next[n] + first) * esize + off, 0, 3);
+                __builtin_prefetch(p->v_cache + (next[n] + first) * esize + off, 0, 3);
             }
-        for (int64_t n = 0; n < n_tok; n++)
-            load_row(s->tile + n * dp, p->k_cache + rows[n] * esize, D, dtype);
-        for (int64_t r = 0; r < R; r++) {
-            const int64_t mine = ends[r] - t0 < TILE ? ends[r] - t0 : TILE;
-            if (mine <= 0)
-                continue; /* this row's keys ended in an earlier tile */
-            scratch_t v = row_view(s, r * G, dp);
-            tile_scores(&v, G, dp, mine);
-            tile_softmax(&v, G, mine);
-        }
-        for (int64_t n = 0; n < n_tok; n++)
-            load_row(s->tile + n * dp, p->v_cache + rows[n] * esize, D, dtype);
-        for (int64_t r = 0; r < R; r++) {
-            const int64_t mine = ends[r] - t0 < TILE ? ends[r] - t0 : TILE;
-            if (mine <= 0)
-                continue;
-            scratch_t v = row_view(s, r * G, dp);
-            tile_accumulate(&v, G, dp, mine);
+        for (int64_t h = h0; h < h1; h++) {
+            for (int64_t n = 0; n < n_tok; n++)
+                load_row(s->tile + n * dp, p->k_cache + (rows[n] + h * D) * esize, D, dtype);
+            for (int64_t r = 0; r < R; r++) {
+                const int64_t mine = ends[r] - t0 < TILE ? ends[r] - t0 : TILE;
+                if (mine <= 0)
+                    continue; /* this row's keys ended in an earlier tile */
+                scratch_t v = row_view(s, ((h - h0) * R + r) * G, dp);
+                tile_scores(&v, G, dp, mine);
+                tile_softmax(&v, G, mine);
+            }
+            for (int64_t n = 0; n < n_tok; n++)
+                load_row(s->tile + n * dp, p->v_cache + (rows[n] + h * D) * esize, D, dtype);
+            for (int64_t r = 0; r < R; r++) {
+                const int64_t mine = ends[r] - t0 < TILE ? ends[r] - t0 : TILE;
+                if (mine <= 0)
+                    continue;
+                scratch_t v = row_view(s, ((h - h0) * R + r) * G, dp);
+                tile_accumulate(&v, G, dp, mine);
+            }
         }
     }
 
-    for (int64_t r = 0; r < R; r++)
-        for (int64_t g = 0; g < G; g++) {
-            const int64_t head = h * G + g, j = r * G + g, b = b0 + r;
-            float *acc = s->acc + j * dp;
-            if (p->num_splits == 1) {
-                float inv = s->l[j] > 0.0f ? 1.0f / s->l[j] : 0.0f;
-                for (int64_t d = 0; d < D; d++)
-                    acc[d] *= inv;
-                store_row(p->out + ((b * p->num_heads + head) * D) * esize, acc, D, dtype);
-            } else {
-                int64_t slot = (b * p->num_heads + head) * p->num_splits + split;
-                memcpy(p->part_acc + slot * D, acc, (size_t)D * sizeof(float));
-                p->part_ml[2 * slot] = s->m[j];
-                p->part_ml[2 * slot + 1] = s->l[j];
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t head = h * G + g, j = ((h - h0) * R + r) * G + g, b = b0 + r;
+                float *acc = s->acc + j * dp;
+                if (p->num_splits == 1) {
+                    float inv = s->l[j] > 0.0f ? 1.0f / s->l[j] : 0.0f;
+                    for (int64_t d = 0; d < D; d++)
+                        acc[d] *= inv;
+                    store_row(p->out + ((b * p->num_heads + head) * D) * esize, acc, D, dtype);
+                } else {
+                    int64_t slot = (b * p->num_heads + head) * p->num_splits + split;
+                    memcpy(p->part_acc + slot * D, acc, (size_t)D * sizeof(float));
+                    p->part_ml[2 * slot] = s->m[j];
+                    p->part_ml[2 * slot + 1] = s->l[j];
+                }
             }
-        }
 }
 
 /* Merge the splits of (sequence b, query head) by log-sum-exp. */
@@ -608,7 +617,8 @@ ALWAYS_INLINE void merge_head(const problem_t *restrict p, float *restrict row, 
 
 ALWAYS_INLINE int run_items(const problem_t *restrict p, int nthreads, int dtype)
 {
-    const int64_t items = p->num_groups * p->num_kv_heads * p->num_splits;
+    const int64_t chunks = (p->num_kv_heads + p->heads_per_item - 1) / p->heads_per_item;
+    const int64_t items = p->num_groups * chunks * p->num_splits;
     const int64_t merges = p->num_splits > 1 ? p->batch * p->num_heads : 0;
     const int64_t dp = padded(p->head_dim);
     int status = OK;
@@ -630,15 +640,16 @@ ALWAYS_INLINE int run_items(const problem_t *restrict p, int nthreads, int dtype
             for (int64_t i = 0; i < items; i++) {
                 int64_t split = i % p->num_splits;
                 int64_t rest = i / p->num_splits;
-                int64_t grp = rest / p->num_kv_heads, h = rest % p->num_kv_heads;
+                int64_t grp = rest / chunks, h0 = rest % chunks * p->heads_per_item;
+                int64_t h1 = h0 + p->heads_per_item < p->num_kv_heads ? h0 + p->heads_per_item : p->num_kv_heads;
                 int64_t b0 = p->group_starts[grp], b1 = p->group_starts[grp + 1];
                 /* constant padded widths for the common head sizes, so their loops unroll fully */
                 if (dp == 64)
-                    attend_item(p, &s, b0, b1, h, split, dtype, 64);
+                    attend_item(p, &s, b0, b1, h0, h1, split, dtype, 64);
                 else if (dp == 128)
-                    attend_item(p, &s, b0, b1, h, split, dtype, 128);
+                    attend_item(p, &s, b0, b1, h0, h1, split, dtype, 128);
                 else
-                    attend_item(p, &s, b0, b1, h, split, dtype, dp);
+                    attend_item(p, &s, b0, b1, h0, h1, split, dtype, dp);
             }
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < merges; i++)
@@ -737,6 +748,12 @@ int paged_decode_attention(
     p.group_starts = starts;
     p.num_groups = groups;
     p.max_group = widest;
+    /* as many KV heads an item as keep its queries within MAX_ITEM_QUERIES */
+    p.heads_per_item = MAX_ITEM_QUERIES / (p.group * widest);
+    if (p.heads_per_item < 1)
+        p.heads_per_item = 1;
+    if (p.heads_per_item > num_kv_heads)
+        p.heads_per_item = num_kv_heads;
     p.num_splits = num_splits > 0 ? num_splits : choose_splits(batch, num_kv_heads, max_len, nthreads);
     int64_t tiles = (max_len + TILE - 1) / TILE;
     p.split_tiles = (tiles + p.num_splits - 1) / p.num_splits;
