@@ -45,10 +45,55 @@ static inline void put(void *out, int64_t at, float value, int out_bf16) {
         ((float *)out)[at] = value;
 }
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+/* One row against outputs n .. n + OUTS - 1 at once (AVX2): each output's two chains of FMAs, sums and reduction
+ * are those of q8_rows' loop, so the results are its bits; 2 * OUTS independent chains instead of two hide the FMA
+ * latency that bounds a single row (the LM head at batch 1). */
+#define OUTS 4
+static void q8_one_row_outs(const float *xr, const int8_t *codes, const float *scales, void *out, int64_t n,
+                            int64_t n_total, int64_t k, int64_t block, int out_bf16) {
+    int64_t blocks = k / block, chunks_per_block = block / CHUNK;
+    const int8_t *q = codes + n * k;
+    const float *d = scales + n * blocks;
+    const int8_t *ahead = n + OUTS - 1 + PREFETCH_ROWS < n_total ? q + PREFETCH_ROWS * k : q;
+    __m256 acc0[OUTS], acc1[OUTS];
+    for (int o = 0; o < OUTS; o++) acc0[o] = acc1[o] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        for (int64_t c = 0; c < chunks_per_block; c++) {
+            int64_t at = b * block + c * CHUNK;
+            if (!(at & 31))
+                for (int o = 0; o < OUTS; o++) __builtin_prefetch(ahead + o * k + at);
+            __m256 x0 = _mm256_loadu_ps(xr + at), x1 = _mm256_loadu_ps(xr + at + 8);
+            for (int o = 0; o < OUTS; o++) {
+                __m256 sc = _mm256_set1_ps(d[o * blocks + b]);
+                __m256 w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(q + o * k + at)))), sc);
+                __m256 w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(q + o * k + at + 8)))), sc);
+                acc0[o] = _mm256_fmadd_ps(w0, x0, acc0[o]);
+                acc1[o] = _mm256_fmadd_ps(w1, x1, acc1[o]);
+            }
+        }
+    }
+    for (int o = 0; o < OUTS; o++) {
+        __m256 a = _mm256_add_ps(acc0[o], acc1[o]);
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        put(out, n + o, _mm_cvtss_f32(s), out_bf16);
+    }
+}
+#endif
+
 /* Outputs [n0, n1) for rows [0, rows) of xf (float32, contiguous [rows, K]). */
 static void q8_rows(const float *xf, const int8_t *codes, const float *scales, void *out, int64_t rows,
                     int64_t n0, int64_t n1, int64_t n_total, int64_t k, int64_t so, int64_t block, int out_bf16) {
     int64_t blocks = k / block, chunks_per_block = block / CHUNK;
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+    if (rows == 1) /* OUTS outputs at a time, the rest of the range below */
+        for (; n0 + OUTS <= n1; n0 += OUTS)
+            q8_one_row_outs(xf, codes, scales, out, n0, n_total, k, block, out_bf16);
+#endif
     for (int64_t n = n0; n < n1; n++) {
         const int8_t *q = codes + n * k;
         const float *d = scales + n * blocks;
