@@ -31,7 +31,6 @@ import threading
 from pathlib import Path
 
 import torch
-import torch.utils.cpp_extension
 
 from kernels import cpu_native
 
@@ -54,10 +53,12 @@ def find_compiler() -> str | None:
 
 
 def _flags() -> list[str]:
+    """FLAGS plus the running torch's headers, libraries and C++ ABI (what torch.utils.cpp_extension would give,
+    without importing it: it pulls in setuptools, which a deployment need not have)."""
+    root = Path(torch.__file__).resolve().parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    includes = [f"-I{path}" for path in torch.utils.cpp_extension.include_paths()]
-    libs = [f"-L{path}" for path in torch.utils.cpp_extension.library_paths()]
-    return [*FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, *libs]
+    includes = [f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}"]
+    return [*FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}"]
 
 
 def library_path(compiler: str) -> Path:

@@ -16,7 +16,10 @@ prefill_graphs can capture the parts between attentions. Qwen3's per-head q/k
 RMSNorm (config.qk_norm) runs in `project` between the fused QKV matmul and the
 rotary embedding: one norm kernel each over the [T * heads, head_dim] rows. The
 rotary cos/sin cache, scaled for Llama 3.x where the config says so, comes from
-inference.engine.rope.
+inference.engine.rope. On the CPU a bf16 model whose projections all have their
+int4 copies hands few-row decode steps (and every batch-invariant step) to one
+native call that runs the same kernels in the same order (inference.engine.native_stack):
+the same bits without ~300 Python-level calls a step.
 
 Gemma 3 (config.gemma) is the same pipeline with four changes: the embeddings are
 scaled by sqrt(hidden_size) (rounded to the model's dtype, as transformers does);
