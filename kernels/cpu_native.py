@@ -91,22 +91,27 @@ def library_path(compiler: str, source: bytes) -> Path:
     return cache_dir() / f"{SOURCE.stem}-{key.hexdigest()[:24]}.so"
 
 
-def build(compiler: str, source_path: Path, target: Path) -> None:
-    """Compile ``source_path`` into ``target`` atomically (temp file, then rename)."""
+def compile_atomically(target: Path, argv, timeout: int = 300) -> None:
+    """Run the compiler command ``argv(tmp)`` (which writes its output to ``tmp``), then rename ``tmp`` to
+    ``target``: processes building at once never load a half-written library. Also used by kernels.decode_stack_cpu."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.stem + ".", suffix=".tmp")
     os.close(fd)
     try:
-        result = subprocess.run(
-            [*compiler.split(), *FLAGS, "-o", tmp, str(source_path), *map(str, EXTRA_SOURCES), "-lm"],
-            capture_output=True, text=True, timeout=300,
-        )
+        command = argv(tmp)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"{command[0]} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def build(compiler: str, source_path: Path, target: Path) -> None:
+    """Compile ``source_path`` into ``target`` atomically (temp file, then rename)."""
+    compile_atomically(target, lambda tmp: [*compiler.split(), *FLAGS, "-o", tmp, str(source_path),
+                                            *map(str, EXTRA_SOURCES), "-lm"])
 
 
 def _warn_once(message: str) -> None:

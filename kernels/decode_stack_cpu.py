@@ -22,11 +22,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
-import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
@@ -73,18 +71,8 @@ def library_path(compiler: str) -> Path:
 
 
 def build(compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.stem + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        result = subprocess.run([compiler, *_flags(), "-o", tmp, str(SOURCE), "-lc10", "-ltorch_cpu"],
-                                capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    cpu_native.compile_atomically(target, lambda tmp: [compiler, *_flags(), "-o", tmp, str(SOURCE), "-lc10",
+                                                       "-ltorch_cpu"], timeout=600)
 
 
 def _load_uncached() -> bool:
