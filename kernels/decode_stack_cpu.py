@@ -113,8 +113,14 @@ def kernel_addresses() -> list[int]:
 
 def register(weights: list[torch.Tensor], final_norm: torch.Tensor, windows: list[int], shape: list[int],
              eps: float, scale: float) -> int:
-    """Keep a model's weights in the library -> its handle (``unregister`` lets them go)."""
-    return torch.ops.llmp_decode_stack.register(weights, final_norm, windows, shape, eps, scale, kernel_addresses())
+    """Keep a model's weights in the library -> its handle (``unregister`` lets them go). The stack's int4
+    projections take the C library's int4 GEMM where kernels.int4_gemm_cpu does (same rows, same bits)."""
+    from kernels import int4_gemm_cpu
+
+    variant = int4_gemm_cpu.variant()
+    int4 = [] if variant is None else [int4_gemm_cpu.address(), variant, int4_gemm_cpu.NATIVE_MIN_ROWS]
+    return torch.ops.llmp_decode_stack.register(weights, final_norm, windows, shape, eps, scale, kernel_addresses(),
+                                                int4)
 
 
 PARTS = ("norms", "qkv", "rotary + K/V store", "attention", "o_proj", "gate_up", "activation", "down")

@@ -8,7 +8,9 @@ which PyTorch's `_weight_int4pack_mm_for_cpu` reads at a quarter of the bytes.
 So a layer keeps both: the dense weight (AMX/oneDNN GEMM, best for prefill and
 large batches; on CPUs without 16-bit GEMM hardware computed in float32, see
 cpu_matmul) and, on the CPU in bf16/fp16, the packed copy used for inputs of
-at most `INT4_MAX_ROWS` rows (`INT4_MAX_ROWS_UPCAST` where cpu_matmul upcasts). float32 always uses the dense weight, so the
+at most `INT4_MAX_ROWS` rows (where cpu_matmul upcasts, i.e. there is no 16-bit GEMM hardware: at every row
+count in bf16, through kernels/int4_gemm_cpu's GEMM from 8 rows, which gives PyTorch's int4 bits as fast as the
+float32 GEMM; `INT4_MAX_ROWS_UPCAST` without it). float32 always uses the dense weight, so the
 float32 model stays exactly the dequantised one.
 
 `Int8Blocks` does the same, in bf16, for a weight whose blocks of 32 are
@@ -31,12 +33,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels import int4_gemm_cpu
+
 from . import cpu_matmul
 
 GROUP_SIZE = 32
 # Each limit stays below the row count where the dense path catches up with the packed one.
 INT4_MAX_ROWS = 8  # against oneDNN's bf16 GEMM (AMX CPUs), which catches up near 12 rows
 INT4_MAX_ROWS_UPCAST = 16  # against cpu_matmul's float32 upcast (no bf16 GEMM), which catches up at 16-24
+# The same CPUs with kernels.int4_gemm_cpu's many-row GEMM (bf16): the int4 copy at every row count. That GEMM was
+# 1.3-2.3x the float32 upcast at 16-64 rows and 0.9-1.3x at 256 (benchmarks/int4_gemm.py, AMD EPYC Zen 3, AVX2),
+# and one kernel's bits at every row count make a row's result independent of the others in its step.
+INT4_ALL_ROWS = 1 << 62
 # The int8 LM head is faster than the dense bf16 one up to 8 rows, by less as rows grow; the C code
 # takes 8 rows per pass, so 16 would read the codes twice.
 INT8_MAX_ROWS = 8
@@ -182,23 +190,26 @@ class Linear(nn.Linear):
         return True
 
     def int4_max_rows(self) -> int:
-        return INT4_MAX_ROWS_UPCAST if cpu_matmul.upcast_enabled(self.weight.dtype) else INT4_MAX_ROWS
+        dtype = self.weight.dtype
+        if not cpu_matmul.upcast_enabled(dtype):
+            return INT4_MAX_ROWS
+        return INT4_ALL_ROWS if dtype == torch.bfloat16 and int4_gemm_cpu.variant() is not None else INT4_MAX_ROWS_UPCAST
 
     def forward(self, x: torch.Tensor, fixed=None) -> torch.Tensor:
         """``fixed``: the kernel set's batch-invariant matmul (``Ops.fixed_matmul``), which then multiplies
         by the dense weight whatever the row count (inference.engine.invariant_mode), or, where this layer has
         the packed int4 copy, that one whatever the row count: PyTorch's int4 kernel reduces each output over K
-        in one order for any number of rows and threads (rows tile the work, K is never split), and is
-        1.2-2x the fixed matmul's speed (tests/engine/test_invariant_int4.py checks the invariance)."""
+        in one order for any number of rows and threads (rows tile the work, K is never split), and
+        kernels.int4_gemm_cpu, which takes many rows, gives the same bits (tests/engine/test_invariant_int4.py
+        checks the invariance)."""
         if fixed is not None:
             if self.int4_weight is not None and x.dim() == 2 and x.dtype == self.weight.dtype:
-                out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.int4_weight, GROUP_SIZE,
-                                                                 self.int4_scales_zeros)
+                out = int4_gemm_cpu.int4_matmul(x, self.int4_weight, self.int4_scales_zeros)
             else:
                 out = fixed(x, self.weight)
             return out if self.bias is None else out + self.bias
         if self.int4_weight is not None and x.dim() == 2 and x.shape[0] <= self.int4_max_rows():
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
+            out = int4_gemm_cpu.int4_matmul(x, self.int4_weight, self.int4_scales_zeros)
             return out if self.bias is None else out + self.bias
         if self.int8 is not None and x.dim() == 2 and x.shape[0] <= INT8_LAYER_MAX_ROWS:
             out = self.int8.matmul(x, self.weight.dtype)

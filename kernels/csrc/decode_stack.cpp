@@ -5,8 +5,9 @@
 // order as the Python path (inference/engine/llama.py on the `cpu` kernel set): the RMSNorms, rotary
 // embedding, K/V store, SiLU-and-multiply and paged decode attention of kernels/csrc (called through their
 // addresses in the library kernels.cpu_native loaded, so the same machine code), and PyTorch's
-// `_weight_int4pack_mm_for_cpu` for the four projections, so the hidden states are bit for bit the Python
-// path's. Rows are independent query rows: each has its own block table row and sequence length (a
+// `_weight_int4pack_mm_for_cpu` for the four projections below `int4_min_rows` rows and, from there, the C
+// library's int4_gemm (its bits at any row count, kernels/int4_gemm_cpu.py), so the hidden states are bit for bit
+// the Python path's. Rows are independent query rows: each has its own block table row and sequence length (a
 // speculative step's draft rows of one sequence, or batch-invariant mode's prompt rows, each see the keys up to
 // their own position; this step's keys are all stored before any row attends).
 //
@@ -40,6 +41,8 @@ using store_fn = int64_t (*)(const void *, const void *, void *, void *, const i
 using attention_fn = int (*)(const void *, int64_t, int64_t, const void *, const void *, int64_t, int64_t, int64_t,
                              const int32_t *, int64_t, int64_t, const int32_t *, void *, int64_t, int64_t, int64_t,
                              float, int, int64_t, int, int64_t);
+using int4_gemm_fn = int (*)(const void *, const void *, const void *, void *, int64_t, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, int, int);
 
 constexpr int kBf16 = 1;      // kernels/csrc's dtype code
 constexpr int64_t kGroup = 32;  // the int4 groups (inference.engine.packed_linear.GROUP_SIZE)
@@ -60,7 +63,23 @@ struct Stack {
   act_fn silu_and_mul;
   store_fn store_kv;
   attention_fn attention;
+  int4_gemm_fn int4_gemm = nullptr;  // null: PyTorch's int4 kernel at every row count
+  int int4_variant = 0;
+  int64_t int4_min_rows = 0;
 };
+
+// x [rows, K] (contiguous) times a packed int4 weight: PyTorch's kernel, or from int4_min_rows rows the C
+// library's GEMM with the same bits (as kernels/int4_gemm_cpu.int4_matmul picks).
+at::Tensor int4_mm(const Stack &s, const at::Tensor &x, const at::Tensor &w, const at::Tensor &sz) {
+  const int64_t rows = x.size(0);
+  if (s.int4_gemm == nullptr || rows < s.int4_min_rows) return at::_weight_int4pack_mm_for_cpu(x, w, kGroup, sz);
+  const int64_t n = sz.size(1), k = x.size(1);
+  at::Tensor out = at::empty({rows, n}, x.options());
+  const int status = s.int4_gemm(x.data_ptr(), w.data_ptr(), sz.data_ptr(), out.data_ptr(), rows, n, k, x.stride(0),
+                                 n, kGroup, s.int4_variant, at::get_num_threads());
+  TORCH_CHECK(status == 0, "decode_stack: int4_gemm failed (", status, ")");
+  return out;
+}
 
 // Optional per-part timing (benchmarks/cpu_step_profile.py): nanoseconds spent in each part since the last read.
 enum Part { kNorms, kQkv, kRotaryStore, kAttention, kOProj, kGateUp, kActivation, kDown, kParts };
@@ -97,9 +116,11 @@ void check_bf16_vector(const at::Tensor &t, int64_t n, const char *what) {
 
 // weights: per layer in_norm, qkv, qkv_sz, o, o_sz, post_norm, gate_up, gate_up_sz, down, down_sz (the packed
 // int4 weights and their scales-and-zeros as packed_linear.Linear holds them); kernels: the five kernels'
-// addresses (rms_norm_rows, rotary_rows, silu_and_mul_rows, store_kv_rows, paged_decode_attention).
+// addresses (rms_norm_rows, rotary_rows, silu_and_mul_rows, store_kv_rows, paged_decode_attention); int4: empty, or
+// int4_gemm's address, its variant and the row count from which it runs.
 int64_t decode_stack_register(at::TensorList weights, at::Tensor final_norm, std::vector<int64_t> windows,
-                              std::vector<int64_t> shape, double eps, double scale, std::vector<int64_t> kernels) {
+                              std::vector<int64_t> shape, double eps, double scale, std::vector<int64_t> kernels,
+                              std::vector<int64_t> int4) {
   TORCH_CHECK(shape.size() == 5, "decode_stack: shape is hidden, heads, kv heads, head dim, intermediate");
   TORCH_CHECK(kernels.size() == 5, "decode_stack: five kernel addresses");
   const int64_t layers = static_cast<int64_t>(windows.size());
@@ -123,6 +144,13 @@ int64_t decode_stack_register(at::TensorList weights, at::Tensor final_norm, std
   stack->silu_and_mul = reinterpret_cast<act_fn>(kernels[2]);
   stack->store_kv = reinterpret_cast<store_fn>(kernels[3]);
   stack->attention = reinterpret_cast<attention_fn>(kernels[4]);
+  TORCH_CHECK(int4.empty() || (int4.size() == 3 && int4[0] != 0 && (int4[1] == 0 || int4[1] == 1) && int4[2] >= 1),
+              "decode_stack: int4 is empty or the GEMM's address, variant (0, 1) and first row count");
+  if (!int4.empty()) {
+    stack->int4_gemm = reinterpret_cast<int4_gemm_fn>(int4[0]);
+    stack->int4_variant = static_cast<int>(int4[1]);
+    stack->int4_min_rows = int4[2];
+  }
   check_bf16_vector(final_norm, stack->hidden, "the final norm's weight");
   stack->final_norm = final_norm;
   const int64_t qkv_out = (stack->num_heads + 2 * stack->num_kv_heads) * stack->head_dim;
@@ -221,7 +249,7 @@ at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::
       residual = new_residual;
     }
     timer.lap(kNorms);
-    at::Tensor qkv = at::_weight_int4pack_mm_for_cpu(normed, l.qkv, kGroup, l.qkv_sz);
+    at::Tensor qkv = int4_mm(s, normed, l.qkv, l.qkv_sz);
     timer.lap(kQkv);
     TORCH_CHECK(qkv.is_contiguous() && qkv.size(1) == qkv_width, "decode_stack: unexpected qkv output");
     char *qkv_ptr = static_cast<char *>(qkv.data_ptr());
@@ -245,19 +273,19 @@ at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::
                                    l.window);
     TORCH_CHECK(status == 0, "decode_stack: paged decode attention failed (", status, ")");
     timer.lap(kAttention);
-    at::Tensor o = at::_weight_int4pack_mm_for_cpu(attn, l.o, kGroup, l.o_sz);
+    at::Tensor o = int4_mm(s, attn, l.o, l.o_sz);
     timer.lap(kOProj);
     at::Tensor new_residual = at::empty({rows, h}, opts);
     s.rms_norm(o.data_ptr(), residual.data_ptr(), l.post_norm.data_ptr(), normed.data_ptr(), new_residual.data_ptr(),
                rows, h, h, h, h, h, eps, kBf16, 0, threads);
     residual = new_residual;
     timer.lap(kNorms);
-    at::Tensor gate_up = at::_weight_int4pack_mm_for_cpu(normed, l.gate_up, kGroup, l.gate_up_sz);
+    at::Tensor gate_up = int4_mm(s, normed, l.gate_up, l.gate_up_sz);
     timer.lap(kGateUp);
     s.silu_and_mul(gate_up.data_ptr(), act.data_ptr(), rows, s.intermediate, 2 * s.intermediate, s.intermediate,
                    kBf16, threads);
     timer.lap(kActivation);
-    x = at::_weight_int4pack_mm_for_cpu(act, l.down, kGroup, l.down_sz);
+    x = int4_mm(s, act, l.down, l.down_sz);
     timer.lap(kDown);
   }
   at::Tensor out = at::empty({rows, h}, opts);
@@ -280,7 +308,7 @@ std::vector<int64_t> decode_stack_profile(bool enable) {
 
 TORCH_LIBRARY(llmp_decode_stack, m) {
   m.def("register(Tensor[] weights, Tensor final_norm, int[] windows, int[] shape, float eps, float scale, "
-        "int[] kernels) -> int",
+        "int[] kernels, int[] int4) -> int",
         &decode_stack_register);
   m.def("unregister(int handle) -> ()", &decode_stack_unregister);
   m.def("profile(bool enable) -> int[]", &decode_stack_profile);

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from inference.engine import cpu_matmul, packed_linear
 from inference.engine.packed_linear import Int4Groups, Linear
+from kernels import int4_gemm_cpu
 
 
 def _exact(x, w, b=None):
@@ -72,8 +73,7 @@ def test_linear_upcasts_only_inputs_with_enough_rows(monkeypatch, cpu_matmul_con
     assert calls == [many.shape]
 
 
-def test_packed_layer_picks_int4_then_upcast_by_rows(monkeypatch, cpu_matmul_config):
-    """A Q4 layer on a CPU without bf16 GEMM: int4 up to INT4_MAX_ROWS_UPCAST rows, float32 above."""
+def _upcast_q4_layer(cpu_matmul_config, monkeypatch):
     if not packed_linear.int4_supported(torch.device("cpu"), torch.bfloat16):
         pytest.skip("this torch has no CPU int4 matmul")
     cpu_matmul_config(upcast="1")
@@ -88,15 +88,39 @@ def test_packed_layer_picks_int4_then_upcast_by_rows(monkeypatch, cpu_matmul_con
     seen = []
     monkeypatch.setattr(cpu_matmul, "upcast_linear", lambda x, w, b=None: seen.append(x.shape[0]) or F.linear(
         x.float(), w.float()).to(x.dtype))
+    return layer, g, seen
+
+
+def test_packed_layer_picks_int4_then_upcast_by_rows(monkeypatch, cpu_matmul_config):
+    """A Q4 layer on a CPU without bf16 GEMM and without the C int4 GEMM: int4 up to INT4_MAX_ROWS_UPCAST rows,
+    float32 above."""
+    monkeypatch.setattr(int4_gemm_cpu, "_variant", {"v": None})
+    layer, g, seen = _upcast_q4_layer(cpu_matmul_config, monkeypatch)
     limit = packed_linear.INT4_MAX_ROWS_UPCAST
     for rows in (1, limit, limit + 1):
-        x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
+        x = torch.randn(rows, 96, generator=g).to(torch.bfloat16)
         out = layer(x)
         ref = _exact(x, layer.weight)
         assert torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), dim=0) > 0.999
     assert seen == [limit + 1]
     cpu_matmul_config(upcast="0")
     assert layer.int4_max_rows() == packed_linear.INT4_MAX_ROWS
+
+
+def test_packed_layer_takes_int4_at_every_row_count_with_the_c_gemm(monkeypatch, cpu_matmul_config):
+    """With kernels.int4_gemm_cpu's GEMM, the same layer takes its int4 copy at every row count (PyTorch's
+    kernel's bits throughout, so a row's result is the same alone or among 300), never the float32 upcast."""
+    if int4_gemm_cpu.variant() is None:
+        pytest.skip("no C int4 GEMM matching this torch's int4 kernel")
+    layer, g, seen = _upcast_q4_layer(cpu_matmul_config, monkeypatch)
+    assert layer.int4_max_rows() == packed_linear.INT4_ALL_ROWS
+    x = torch.randn(300, 96, generator=g).to(torch.bfloat16)
+    together = layer(x)
+    assert torch.equal(together.view(torch.int16), torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x, layer.int4_weight, 32, layer.int4_scales_zeros).view(torch.int16))
+    for rows in (1, 7, 16, 17, 64):
+        assert torch.equal(layer(x[:rows]).view(torch.int16), together[:rows].view(torch.int16))
+    assert seen == []
 
 
 def _native_bf16() -> bool:

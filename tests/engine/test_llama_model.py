@@ -122,6 +122,7 @@ def test_bfloat16_model_tracks_float32(smollm_fp32, smollm_tokenizer, monkeypatc
     paged.lens["s"] -= 1  # rewind one position and run the same step densely
     monkeypatch.setattr(packed_linear, "INT4_MAX_ROWS", 0)
     monkeypatch.setattr(packed_linear, "INT4_MAX_ROWS_UPCAST", 0)
+    monkeypatch.setattr(packed_linear, "INT4_ALL_ROWS", 0)
     monkeypatch.setattr(packed_linear, "INT8_MAX_ROWS", 0)
     dense_logits = paged.step([("s", [token])])[0]
     assert int(int4_logits.argmax()) == int(dense_logits.argmax())
