@@ -35,7 +35,7 @@ SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
 # Built into the same library (kernels/fused_ops_cpu.py, q8_matmul_cpu.py, fixed_matmul_cpu.py and int4_gemm_cpu.py
 # bind their functions).
 EXTRA_SOURCES = tuple(Path(__file__).with_name("csrc") / name
-                      for name in ("fused_ops.c", "q8_matmul.c", "fixed_matmul.c", "int4_gemm.c"))
+                      for name in ("fused_ops.c", "q8_matmul.c", "q8_gemm.c", "fixed_matmul.c", "int4_gemm.c"))
 # Included by those sources: part of the library's cache key, so editing one rebuilds the library.
 HEADERS = (Path(__file__).with_name("csrc") / "bf16.h",)
 # -fno-trapping-math lets GCC if-convert (and so vectorise) loops with clamps.

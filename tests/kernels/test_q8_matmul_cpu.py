@@ -118,11 +118,16 @@ def test_the_default_build_uses_the_widest_loops():
 @pytest.mark.parametrize("block", [16, 32])
 def test_a_rows_result_does_not_depend_on_the_row_count(block):
     """The batch-invariant mode's LM head (inference.engine.invariant_mode) reads these rows: each row's sums
-    keep one order whatever the rows beside it (1-9 rows: one and two passes of MAX_ROWS)."""
-    x, codes, scales = _case(9, 71, 192, torch.bfloat16, block=block)  # N = 4 * 17 + 3: one row takes 4 outputs at once, then 3 alone
-    alone = torch.cat([q8.q8_matmul_cpu(x[i:i + 1], codes, scales) for i in range(9)])
-    for rows in range(1, 10):
+    keep one order whatever the rows beside it (1-9 rows: one and two passes of MAX_ROWS; from GEMM_MIN_ROWS,
+    on AVX2 builds, kernels/csrc/q8_gemm.c, whose tiles of 2 rows x 2 channels and groups of 6 rows all end on
+    odd remainders here)."""
+    # N = 4 * 17 + 3: one row takes 4 outputs at once, then 3 alone; 71 = 48 + 23 channels: a panel and an odd one
+    x, codes, scales = _case(41, 71, 192, torch.bfloat16, block=block)
+    alone = torch.cat([q8.q8_matmul_cpu(x[i:i + 1], codes, scales) for i in range(41)])
+    for rows in (*range(1, 10), 13, 16, 17, 41):
         assert torch.equal(q8.q8_matmul_cpu(x[:rows], codes, scales), alone[:rows]), rows
+        assert torch.equal(q8.q8_matmul_cpu(x[:rows], codes, scales, torch.bfloat16),
+                           alone[:rows].to(torch.bfloat16)), rows
 
 
 def _q5_case(n: int, k: int, seed: int = 0) -> torch.Tensor:
