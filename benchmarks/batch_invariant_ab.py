@@ -27,8 +27,7 @@ FIGURES = ("decode_tok_s", "single_stream_tok_s", "output_tok_s", "prefill_tok_s
 
 def run_once(extra: list[str], invariant: bool, out: Path | None, tag: str) -> dict:
     command = [sys.executable, str(ROOT / "benchmarks" / "engine_offline.py"), *extra, "--json"]
-    if invariant:
-        command.append("--batch-invariant")
+    command += ["--batch-invariant", "on" if invariant else "off"]
     started = time.time()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
     data = json.loads(result.stdout.strip().splitlines()[-1])

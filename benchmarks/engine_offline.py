@@ -92,8 +92,9 @@ def parse_args(argv=None):
     p.add_argument("--speculative", default="off", choices=["off", "ngram"],
                    help="speculative decoding in our engine (n-gram prompt lookup)")
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="drafts per step (the engine's default)")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="the engine in batch-invariant mode (inference.engine.invariant_mode)")
+    p.add_argument("--batch-invariant", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
+                   help="batch-invariant mode (inference.engine.invariant_mode): on, off, or auto (the engine's "
+                        "default: on where it costs little); bare --batch-invariant means on")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
     p.add_argument("--peer-worker", choices=["hf", "llamacpp"], help=argparse.SUPPRESS)
     p.add_argument("--peer-prompts", help=argparse.SUPPRESS)  # JSON {"single": ids, "batch": [ids, ...]}
@@ -176,7 +177,8 @@ def bench_engine(args, log) -> tuple[dict, dict]:
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_mb=args.kv_cache_mb,
                                  max_num_seqs=max(args.concurrency, 1),
                                  max_num_batched_tokens=args.max_num_batched_tokens,
-                                 batch_invariant=args.batch_invariant, speculative=args.speculative,
+                                 batch_invariant={"on": True, "off": False}.get(args.batch_invariant),
+                                 speculative=args.speculative,
                                  **spec_options(args)))
     log(f"engine loaded in {time.perf_counter() - t:.1f}s (KV cache {engine.kv_plan.describe()})")
     rng = random.Random(args.seed)

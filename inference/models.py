@@ -15,10 +15,11 @@ class ServedModel(models.Model):
     enabled = models.BooleanField(default=True)
     owned_by = models.CharField(max_length=60, default="platform")
     batch_invariant = models.BooleanField(
-        default=False,
-        help_text="Workers serve this model in batch-invariant mode: a seeded request gives the same tokens "
-                  "whatever else runs beside it, at a throughput cost (BENCHMARKS.md). Applies when a worker "
-                  "(re)starts; responses' system_fingerprint changes with it.")
+        null=True, default=None,
+        help_text="Workers serve this model in batch-invariant mode: a seeded request gives the same tokens whatever "
+                  "else runs beside it. Unknown (the default): on where it costs little (a bf16 Q4 model on a CPU "
+                  "without 16-bit GEMM hardware), off elsewhere (CUDA, CPUs with bf16 GEMM: BENCHMARKS.md). Applies "
+                  "when a worker (re)starts; responses' system_fingerprint changes with it.")
     chat_template = models.TextField(
         blank=True, default="",
         help_text="A Jinja chat template that replaces the model's own (`manage.py model_add --chat-template FILE`); "

@@ -92,7 +92,7 @@ def served_model_register(row: ServedModel):
 @dataclass(frozen=True, slots=True)
 class WorkerModel:
     path: str  # where the model's files are
-    engine_options: dict  # its row's: batch_invariant, and dtype when the row sets one (engine_build's row_options)
+    engine_options: dict  # its row's: batch_invariant (None: the engine's default), and dtype when the row sets one
 
 
 def _row(name: str) -> ServedModel | None:
@@ -101,7 +101,8 @@ def _row(name: str) -> ServedModel | None:
 
 def _engine_options(row: ServedModel | None) -> dict:
     if row is None:
-        return {"batch_invariant": False}  # a built-in name or a path: the registry resolves it alone
+        return {"batch_invariant": None}  # a built-in name or a path: the registry resolves it alone; the
+        # engine's default mode
     options = {"batch_invariant": row.batch_invariant}
     if row.dtype:
         options["dtype"] = row.dtype

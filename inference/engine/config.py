@@ -73,8 +73,10 @@ class EngineConfig:
     # CUDA test against the synchronous engine.
     async_scheduling: bool | None = None
     # Batch-invariant mode: a request's tokens do not depend on the other requests of its steps
-    # (inference.engine.invariant_mode); its cost is in BENCHMARKS.md.
-    batch_invariant: bool = False
+    # (inference.engine.invariant_mode); its cost is in BENCHMARKS.md. None (the default): on where it costs
+    # little, i.e. where the default kernels are already the mode's (invariant_mode.invariant_default: a bf16
+    # Q4 model on a CPU without 16-bit GEMM hardware), off elsewhere; the engine's config then holds the answer.
+    batch_invariant: bool | None = None
     # CUDA: replay prompt and mixed steps (up to max_num_batched_tokens tokens) as piecewise CUDA graphs
     # around eager attention, at a ladder of token counts captured at start-up (inference.engine.prefill_graphs);
     # False runs them eagerly. Ignored on the CPU and in batch-invariant mode.

@@ -46,6 +46,7 @@ to be broken: every request ends with "error" once and the engine is `dead`
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable
@@ -59,6 +60,7 @@ from inference.engine.block_manager import BlockManager
 from inference.engine.config import EngineConfig, resolve_step_order
 from inference.engine.detokenizer import detokenizer_for
 from inference.engine.fingerprint import system_fingerprint
+from inference.engine.invariant_mode import invariant_default
 from inference.engine.logprobs import LogprobFormatter
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import RequestOutput, request_output
@@ -98,6 +100,9 @@ class Engine:
             own_weights = weights_bytes(loaded.model)
         elif loaded.dtype != dtype:
             raise ValueError(f"the loaded model is {loaded.dtype}, the config asks for {dtype}")
+        if config.batch_invariant is None:  # auto: on where it costs little (inference.engine.invariant_mode)
+            config = dataclasses.replace(config, batch_invariant=invariant_default(loaded.model, self.device, dtype))
+            self.config = config
         self.loaded = loaded
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer

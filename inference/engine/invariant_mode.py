@@ -18,10 +18,14 @@ computed the same way in any step:
   `Ops.fixed_matmul`, which reduces each output in one fixed order whatever the
   row count (kernels/csrc/fixed_matmul.c on the CPU, kernels/fixed_matmul.py's
   single-configuration Triton kernel on CUDA); a bf16 model with an int8 LM
-  head keeps that head's native kernel, whose rows never interact, and a bf16
-  CPU layer with a packed int4 copy multiplies by PyTorch's int4 kernel at
-  every row count (its rows never interact either, and it is 1.2-2x the fixed
-  matmul's speed: packed_linear.Linear.forward, tests/engine/test_invariant_int4.py);
+  head keeps that head's native kernel, whose rows never interact (from 5 rows,
+  on AVX2 builds, kernels/csrc/q8_gemm.c: the same bits, fast at many rows),
+  and a bf16 CPU layer with a packed int4 copy multiplies by it at every row
+  count through kernels.int4_gemm_cpu: PyTorch's int4 kernel for few rows, and
+  from 8 rows a C GEMM that gives that kernel's very bits (checked against the
+  live kernel at first use), so its rows never interact either
+  (packed_linear.Linear.forward, tests/engine/test_invariant_int4.py,
+  tests/kernels/test_int4_gemm_cpu.py);
 - attention runs one query row at a time over its own sequence's keys up to
   its own position (`Ops.paged_attention_rows`, kernels/row_attention.py):
   no split depends on the batch, and a prompt token's attention is the same
@@ -33,11 +37,13 @@ computed the same way in any step:
   independent of the batch;
 - CUDA graphs are off (they replay the decode kernel).
 
-The costs (measured by benchmarks/batch_invariant_ab.py, see BENCHMARKS.md) are
-one kernel at every row count where the default picks the fastest for each (the
-int4 GEMV for few rows, the library's GEMM for many; on the AVX2 EPYC of
-2026-12-06 each gave a row the same bits at 1-300 rows, switching between them
-does not), and prefill attention read row by row. `rows_metadata` builds the per-row attention inputs once a step.
+The costs (measured by benchmarks/batch_invariant_ab.py, see BENCHMARKS.md): where
+the default takes the fastest kernel for each row count (a bf16 GEMM on CPUs
+with 16-bit GEMM hardware, on CUDA) this mode gives that up; on CPUs without it
+the default already multiplies int4 layers through the same kernels at every
+row count (packed_linear.INT4_ALL_ROWS), and what is left is the LM head above
+8 rows (int8 panel GEMM against the float32 GEMM), one attention split a row,
+and prefill attention read row by row. `rows_metadata` builds the per-row attention inputs once a step.
 """
 
 from __future__ import annotations
@@ -45,6 +51,29 @@ from __future__ import annotations
 import torch
 
 from .attention_metadata import AttentionMetadata
+
+
+def invariant_default(model, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether batch-invariant mode is on by default for this loaded model (EngineConfig.batch_invariant None):
+    where the mode's kernels are the default's own, so it costs little. That is a bf16 Llama-family model the
+    native decoder stack runs (every projection with its int4 copy), on a CPU without 16-bit GEMM hardware
+    (where the default takes the int4 copies at every row count: packed_linear.INT4_ALL_ROWS), with the int8
+    LM head and the C GEMMs that give its and PyTorch's int4 kernel's bits at many rows. Measured there at
+    0.92-1.04x of decode at 64 sequences and 1.0x single stream (BENCHMARKS.md). Elsewhere (CUDA, CPUs with
+    bf16 GEMM, float32, other models) the mode gives up faster kernels, so it stays the operator's choice."""
+    from kernels import int4_gemm_cpu
+    from kernels.q8_matmul_cpu import library as q8_library
+
+    from . import cpu_matmul, native_stack
+
+    if device.type != "cpu" or dtype != torch.bfloat16 or not cpu_matmul.upcast_enabled(dtype):
+        return False
+    if int4_gemm_cpu.variant() is None or getattr(model, "output_int8", None) is None:
+        return False
+    lib = q8_library()
+    if lib is None or lib.q8_matmul_isa() != 1:  # the q8 GEMM's loop is in AVX2 builds only (kernels/csrc/q8_gemm.c)
+        return False
+    return native_stack.eligible(model)
 
 
 def rows_metadata(meta: AttentionMetadata, positions: torch.Tensor, num_new_tokens: list[int]) -> None:

@@ -124,12 +124,12 @@ def test_a_worker_registers_an_added_models_files_under_its_name():
 
     model_add("smol-f32", "--source", SMOLLM2_SOURCE, "--context-length", "2048", "--dtype", "float32")
     try:
-        assert served_model_engine_setup(name="smol-f32") == {"batch_invariant": False, "dtype": "float32"}
+        assert served_model_engine_setup(name="smol-f32") == {"batch_invariant": None, "dtype": "float32"}
         source = resolve_model("smol-f32")
         assert (source.kind, source.path, source.context_length) == ("gguf", str(builtin_gguf_path()), 2048)
     finally:
         unregister_model("smol-f32")
-    assert served_model_engine_setup(name="not-a-row") == {"batch_invariant": False}
+    assert served_model_engine_setup(name="not-a-row") == {"batch_invariant": None}
 
 
 # ---------------------------------------------------------------- the API
@@ -209,7 +209,7 @@ def test_a_worker_reads_its_models_row_once_at_start(base_gguf, django_assert_nu
     try:
         with django_assert_num_queries(1):
             served = served_model_check(name="tiny-f32")
-        assert served.path == str(base_gguf) and served.engine_options == {"batch_invariant": False,
+        assert served.path == str(base_gguf) and served.engine_options == {"batch_invariant": None,
                                                                             "dtype": "float32"}
         with django_assert_num_queries(0):
             engine = engine_build(model="tiny-f32", device="cpu", kv_cache_mb=4, max_num_seqs=1,
