@@ -101,7 +101,8 @@ class Engine:
         elif loaded.dtype != dtype:
             raise ValueError(f"the loaded model is {loaded.dtype}, the config asks for {dtype}")
         if config.batch_invariant is None:  # auto: on where it costs little (inference.engine.invariant_mode)
-            config = dataclasses.replace(config, batch_invariant=invariant_default(loaded.model, self.device, dtype))
+            on = not (config.fp8_weights or config.fp8_lm_head) and invariant_default(loaded.model, self.device, dtype)
+            config = dataclasses.replace(config, batch_invariant=on)
             self.config = config
         self.loaded = loaded
         self.model_config = loaded.config

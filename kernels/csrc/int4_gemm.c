@@ -42,7 +42,9 @@ static inline uint16_t i4_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* The 16 codes of one strip as float32 (c0: columns 0-7, c1: 8-15), in lo/hi: the K row's codes. */
+/* One K row of a strip's 16 weights into dst: fma(code, scale, zero) with zero already fma(scale, -8, zero)
+ * (variant 0), or fma(code - 8, scale, zero) (variant 1): PyTorch's FMAs, so the same weight values. code0 holds
+ * columns 0-7, code1 columns 8-15. */
 #if defined(__AVX2__) && defined(__FMA__)
 static inline void i4_store_strip(float *dst, __m256 code0, __m256 code1, const float *scale, const float *zero,
                                   int variant) {
