@@ -38,8 +38,11 @@ def paged_decode_attention_cpu(
     scale: float,
     num_splits: int | None = None,
     window: int = 0,
+    split_tiles: int | None = None,
 ) -> torch.Tensor:
-    """Decode attention on CPU tensors; ``num_splits`` forces the parts per sequence (tests)."""
+    """Decode attention on CPU tensors; ``num_splits`` forces the parts per sequence (tests); ``split_tiles``
+    instead cuts every row into parts of that many 32-key tiles from its first key, so a row's result depends on
+    its own length only (batch-invariant mode, kernels/row_attention.py)."""
     lib = cpu_native.load()
     if lib is None:
         return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
@@ -53,6 +56,8 @@ def paged_decode_attention_cpu(
         raise ValueError(f"window must be >= 0, got {window}")
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
+    if split_tiles is not None and (split_tiles < 1 or num_splits is not None):
+        raise ValueError(f"split_tiles must be positive and not given with num_splits, got {split_tiles}")
     num_blocks = k_cache.shape[0]
     code = _DTYPE_CODES[q.dtype]
     if q.stride(2) != 1 and q.numel():
@@ -71,7 +76,7 @@ def paged_decode_attention_cpu(
         block_tables.data_ptr(), block_tables.stride(0), block_tables.shape[1],
         seq_lens.data_ptr(), out.data_ptr(),
         batch, num_heads, head_dim,
-        float(scale), code, num_splits or 0, torch.get_num_threads(), int(window),
+        float(scale), code, -split_tiles if split_tiles else num_splits or 0, torch.get_num_threads(), int(window),
     )
     if status:
         raise ValueError(f"paged_decode_attention_cpu: {_ERRORS.get(status, f'error {status}')}")

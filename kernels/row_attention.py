@@ -11,15 +11,17 @@ otherwise sends its decodes to the split-KV decode kernel and its prompt rows
 to the prefill kernel, and the decode kernel picks its splits from the
 batch; see inference/engine/attention.py.)
 
-- ``cpu``: the native decode kernel with one split per row (its online softmax
-  walks tiles of 32 keys from key 0).
+- ``cpu``: the native decode kernel, each row cut into parts of ROW_SPLIT_TILES
+  tiles of 32 keys from its first key (its online softmax walks the tiles in
+  order; the parts merge in order, empty ones skipped), so a row's parts depend
+  on its own length only and a long row still spreads over the threads.
 - ``triton``: the prefill kernel, one row per program (query length 1): tiles
   of 64 keys from key 0 for every row.
 - ``ref``: the reference decode attention, one row per call (slow; the
   fallback where neither kernel set runs).
 
 A sliding ``window`` (> 0) limits row p to keys p - window + 1 .. p, in every
-path (the native CPU kernel starts its one split at the window's first key).
+path (the native CPU kernel starts its first part at the window's first key).
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def paged_attention_rows_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     return out
 
 
+# Batch-invariant rows on the CPU attend in parts of this many 32-key tiles (128 keys: the decode kernel's
+# shortest split), each part an item a thread can take; the native decoder stack passes the same.
+ROW_SPLIT_TILES = 4
+
+
 def paged_attention_rows_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              row_block_tables: torch.Tensor, row_seq_lens: torch.Tensor, scale: float,
                              window: int = 0) -> torch.Tensor:
@@ -47,9 +54,10 @@ def paged_attention_rows_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
     if cpu_native.load() is None:
         return paged_attention_rows_ref(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, window)
-    # one split per row: a row's keys are summed in one order whatever else is in the batch
-    return paged_decode_attention_cpu(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale, num_splits=1,
-                                      window=window)
+    # parts of a fixed size from each row's first key: a row's keys are summed in one order whatever else is in
+    # the batch, and a long row still spreads over the threads
+    return paged_decode_attention_cpu(q, k_cache, v_cache, row_block_tables, row_seq_lens, scale,
+                                      window=window, split_tiles=ROW_SPLIT_TILES)
 
 
 def paged_attention_rows_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -42,7 +42,7 @@ the default takes the fastest kernel for each row count (a bf16 GEMM on CPUs
 with 16-bit GEMM hardware, on CUDA) this mode gives that up; on CPUs without it
 the default already multiplies int4 layers through the same kernels at every
 row count (packed_linear.INT4_ALL_ROWS), and what is left is the LM head above
-8 rows (int8 panel GEMM against the float32 GEMM), one attention split a row,
+8 rows (int8 panel GEMM against the float32 GEMM), attention parts of a fixed size,
 and prefill attention read row by row. `rows_metadata` builds the per-row attention inputs once a step.
 """
 

@@ -17,9 +17,9 @@ It applies where the per-op path would run exactly those kernels:
   speculative draft rows, each its own query), at most as many as the int4
   copies take (`Linear.int4_max_rows`), bfloat16 caches; or, in
   batch-invariant mode, any step: that mode multiplies by the int4 copies at
-  every row count and attends one row at a time with one split per row over
+  every row count and attends one row at a time, in parts of a fixed size, over
   `meta.row_block_tables` / `row_seq_lens` (inference/engine/invariant_mode.py),
-  which is what the stack does given those rows and `num_splits=1`.
+  which is what the stack does given those rows and parts of ROW_SPLIT_TILES tiles.
 Anything else takes the per-op path.
 """
 
@@ -31,6 +31,7 @@ import torch
 
 from kernels import decode_stack_cpu
 from kernels.dispatch import get_ops
+from kernels.row_attention import ROW_SPLIT_TILES
 
 from .attention_metadata import AttentionMetadata
 
@@ -86,8 +87,8 @@ class NativeStack:
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], cos_sin: torch.Tensor) -> torch.Tensor:
         """The embedded rows [T, H] -> the final hidden states [T, H]; this step's keys and values written."""
-        if meta.batch_invariant:  # a row each, one split a row (kernels/row_attention.py)
-            block_tables, seq_lens, num_splits = meta.row_block_tables, meta.row_seq_lens, 1
+        if meta.batch_invariant:  # a row each, in parts of a fixed size (kernels/row_attention.py)
+            block_tables, seq_lens, num_splits = meta.row_block_tables, meta.row_seq_lens, -ROW_SPLIT_TILES
         else:  # decode rows: a sequence each, the kernel's splits
             block_tables, seq_lens, num_splits = meta.block_tables, meta.seq_lens, 0
         if block_tables.stride(1) != 1:

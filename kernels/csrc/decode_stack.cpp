@@ -187,7 +187,8 @@ void decode_stack_unregister(int64_t handle) {
 // hidden: the embedded input rows [T, H] bfloat16; positions, slot_mapping int64 [T]; block_tables int32 [T, M]
 // and seq_lens int32 [T], a row each; cos_sin float32 [P, D]; a K and a V cache a layer
 // [num_blocks, block_size, Hkv, D] bfloat16; num_splits: the attention's parts per row (0: the kernel's choice
-// from the batch; 1: batch-invariant mode's one split, kernels/row_attention.py). Writes this step's keys and values into the caches and returns the
+// from the batch; < 0: parts of -num_splits tiles from each row's first key, batch-invariant mode's,
+// kernels/row_attention.py). Writes this step's keys and values into the caches and returns the
 // final hidden states [T, H] (after the model's last norm).
 at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::Tensor &positions,
                             const at::Tensor &slot_mapping, const at::Tensor &block_tables,
@@ -213,7 +214,7 @@ at::Tensor decode_stack_run(int64_t handle, const at::Tensor &hidden, const at::
               "decode_stack: cos_sin must be contiguous float32 [P, head_dim]");
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == layers && static_cast<int64_t>(v_caches.size()) == layers,
               "decode_stack: a K and a V cache a layer");
-  TORCH_CHECK(num_splits >= 0, "decode_stack: num_splits must be >= 0");
+  // num_splits < 0: parts of -num_splits tiles from each row's first key (batch-invariant mode)
   const int64_t hq = s.num_heads, hkv = s.num_kv_heads, d = s.head_dim, h = s.hidden;
   const int64_t joint = (hq + hkv) * d, qkv_width = (hq + 2 * hkv) * d;
   for (int64_t i = 0; i < layers; i++) {

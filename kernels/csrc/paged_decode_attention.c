@@ -699,7 +699,7 @@ int paged_decode_attention(
     if (window < 0)
         return ERR_ARGS;
     if (batch < 0 || num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads || head_dim < 1 ||
-        block_size < 1 || num_blocks < 0 || max_blocks < 0 || num_splits < 0 ||
+        block_size < 1 || num_blocks < 0 || max_blocks < 0 ||
         (dtype != DTYPE_F32 && dtype != DTYPE_BF16 && dtype != DTYPE_F16))
         return ERR_ARGS;
     /* validate every length and every block id read, so bad metadata cannot read out of bounds
@@ -754,11 +754,22 @@ int paged_decode_attention(
         p.heads_per_item = 1;
     if (p.heads_per_item > num_kv_heads)
         p.heads_per_item = num_kv_heads;
-    p.num_splits = num_splits > 0 ? num_splits : choose_splits(batch, num_kv_heads, max_len, nthreads);
     int64_t tiles = (max_len + TILE - 1) / TILE;
-    p.split_tiles = (tiles + p.num_splits - 1) / p.num_splits;
-    if (p.split_tiles < 1)
-        p.split_tiles = 1;
+    if (num_splits < 0) {
+        /* parts of a fixed -num_splits tiles from each row's first key: a row's parts, and so its sums, depend
+         * on its own length only (batch-invariant mode); a row with fewer parts than the batch's longest
+         * leaves the rest empty, which the merge skips, and one part merged is the unsplit result bit for bit
+         * (weight exp2(0) = 1, 0 + x = x, the same 1 / l) */
+        p.split_tiles = -num_splits;
+        p.num_splits = (tiles + p.split_tiles - 1) / p.split_tiles;
+        if (p.num_splits < 1)
+            p.num_splits = 1;
+    } else {
+        p.num_splits = num_splits > 0 ? num_splits : choose_splits(batch, num_kv_heads, max_len, nthreads);
+        p.split_tiles = (tiles + p.num_splits - 1) / p.num_splits;
+        if (p.split_tiles < 1)
+            p.split_tiles = 1;
+    }
     if (p.num_splits > 1) {
         size_t slots = (size_t)batch * (size_t)num_heads * (size_t)p.num_splits;
         p.part_acc = alloc_floats(slots * (size_t)head_dim);

@@ -151,3 +151,39 @@ def test_row_attention_triton(device, dtype):
     lens = [20, 33, 17] if device == "cpu" else [700, 1500, 90]
     case = make_paged_case([12, 1, 5], lens, 6, 2, 32 if device == "cpu" else 64, 16, dtype, device, seed=6)
     check_row_attention(paged_attention_rows_triton, case, {torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_attention_cpu_parts_follow_each_rows_own_length(dtype):
+    """The native rows are cut into parts of ROW_SPLIT_TILES tiles from their first key: a long row takes
+    several parts (threads share it) and still gives the same bits alone, beside shorter or longer rows (which
+    change how many parts the call has), on any thread count; and it stays the attention it should be."""
+    if library() is None:
+        pytest.skip("no C compiler: the native CPU kernels cannot be built")
+    from kernels.row_attention import ROW_SPLIT_TILES
+
+    assert ROW_SPLIT_TILES * 32 == 128
+    case = make_paged_case([600, 1, 1], [600, 300, 40], 9, 3, 32, 16, dtype, seed=9)
+    # positions on both sides of the 128-key part boundaries, and the other sequences' last rows
+    rows = [(0, p) for p in (0, 127, 128, 129, 255, 256, 383, 599)] + [(1, 299), (2, 39)]
+    q, tables, lens = row_inputs(case, rows)
+    together = paged_attention_rows_cpu(q, case.k_cache, case.v_cache, tables, lens, case.scale)
+    reference = paged_attention_rows_ref(q, case.k_cache, case.v_cache, tables, lens, case.scale)
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(together.float(), reference.float(), atol=tol, rtol=tol)
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for i in range(len(rows)):
+                alone = paged_attention_rows_cpu(q[i:i + 1], case.k_cache, case.v_cache, tables[i:i + 1],
+                                                 lens[i:i + 1], case.scale)
+                assert torch.equal(alone, together[i:i + 1]), (t, rows[i])
+            # without the 600-token rows the call has fewer parts; the others keep their bits
+            short = [i for i, (b, p) in enumerate(rows) if p < 300]
+            pick = torch.tensor(short)
+            got = paged_attention_rows_cpu(q[pick], case.k_cache, case.v_cache, tables[pick], lens[pick],
+                                           case.scale)
+            assert torch.equal(got, together[pick]), t
+    finally:
+        torch.set_num_threads(threads)
