@@ -1,11 +1,11 @@
 """Batch-invariant mode's cost per engine step, both engines in one process, rounds interleaved.
 
-    OMP_NUM_THREADS=1 python benchmarks/invariant_steps.py [--rounds 4] [--threads 1] [--json]
+    OMP_NUM_THREADS=1 python benchmarks/invariant_steps.py [--rounds 4] [--threads 1] [--single-prompt-len 32] [--json]
 
 benchmarks/batch_invariant_ab.py compares whole runs in fresh processes, and its single-stream figure is
 1 / mean inter-token latency over 16 tokens, which one hiccup of a shared host moves by 20%. Here two
 engines over the same loaded SmolLM2 (bf16), one with batch_invariant False and one True, take turns (the
-order alternating each round): a single stream (a 32-token prompt, 64 greedy tokens) and 64 sequences
+order alternating each round): a single stream (a 32-token prompt by default, 64 greedy tokens) and 64 sequences
 decoding together (prompts of 32-63 tokens, 24 tokens each). Each figure is the median step time of a
 round's decode-only steps (the single stream's first two left out; the 64-sequence figure only over steps
 with all 64 decoding); the summary takes the median over rounds and the ratio default / invariant (speed
@@ -45,6 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--single-prompt-len", type=int, default=32, help="the single stream's prompt tokens")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -59,7 +60,7 @@ def main() -> None:
     loaded = load_model(MODEL, dtype=torch.bfloat16, device=torch.device("cpu"))
     engines = {mode: Engine(EngineConfig(model=MODEL, dtype="bfloat16", max_num_seqs=64, kv_cache_mb=512,
                                          batch_invariant=mode), loaded=loaded) for mode in (False, True)}
-    single = [list(range(1000, 1032))]
+    single = [[1000 + i % 5000 for i in range(args.single_prompt_len)]]
     batch = [[1000 + (i * 7 + j) % 5000 for j in range(32 + i % 32)] for i in range(64)]
     figures: dict[str, dict[bool, list[float]]] = {"single_ms": {False: [], True: []},
                                                    "decode64_ms": {False: [], True: []}}
