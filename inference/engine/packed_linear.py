@@ -42,7 +42,7 @@ GROUP_SIZE = 32
 INT4_MAX_ROWS = 8  # against oneDNN's bf16 GEMM (AMX CPUs), which catches up near 12 rows
 INT4_MAX_ROWS_UPCAST = 16  # against cpu_matmul's float32 upcast (no bf16 GEMM), which catches up at 16-24
 # The same CPUs with kernels.int4_gemm_cpu's many-row GEMM (bf16): the int4 copy at every row count. That GEMM was
-# 1.3-2.3x the float32 upcast at 16-64 rows and 0.9-1.3x at 256 (benchmarks/int4_gemm.py, AMD EPYC Zen 3, AVX2),
+# 1.3-1.9x the float32 upcast at 16-64 rows and 0.86-1.3x at 256 (benchmarks/int4_gemm.py, AMD EPYC Zen 3, AVX2, 2 threads),
 # and one kernel's bits at every row count make a row's result independent of the others in its step.
 INT4_ALL_ROWS = 1 << 62
 # The int8 LM head is faster than the dense bf16 one up to 8 rows, by less as rows grow; the C code
