@@ -41,9 +41,10 @@ GROUP_SIZE = 32
 # Each limit stays below the row count where the dense path catches up with the packed one.
 INT4_MAX_ROWS = 8  # against oneDNN's bf16 GEMM (AMX CPUs), which catches up near 12 rows
 INT4_MAX_ROWS_UPCAST = 16  # against cpu_matmul's float32 upcast (no bf16 GEMM), which catches up at 16-24
-# The same CPUs with kernels.int4_gemm_cpu's many-row GEMM (bf16): the int4 copy at every row count. That GEMM was
-# 1.3-1.9x the float32 upcast at 16-64 rows and 0.86-1.3x at 256 (benchmarks/int4_gemm.py, AMD EPYC Zen 3, AVX2, 2 threads),
-# and one kernel's bits at every row count make a row's result independent of the others in its step.
+# The same CPUs with kernels.int4_gemm_cpu's many-row GEMM (bf16): the int4 copy at every row count. That GEMM
+# was 1.3-1.9x the float32 upcast at 16-64 rows and 0.86-1.3x at 256 (benchmarks/int4_gemm.py, AMD EPYC Zen 3,
+# AVX2, 2 threads), and one kernel's bits at every row count make a row's result independent of the others in
+# its step.
 INT4_ALL_ROWS = 1 << 62
 # The int8 LM head is faster than the dense bf16 one up to 8 rows, by less as rows grow; the C code
 # takes 8 rows per pass, so 16 would read the codes twice.
@@ -193,7 +194,9 @@ class Linear(nn.Linear):
         dtype = self.weight.dtype
         if not cpu_matmul.upcast_enabled(dtype):
             return INT4_MAX_ROWS
-        return INT4_ALL_ROWS if dtype == torch.bfloat16 and int4_gemm_cpu.variant() is not None else INT4_MAX_ROWS_UPCAST
+        if dtype == torch.bfloat16 and int4_gemm_cpu.variant() is not None:
+            return INT4_ALL_ROWS
+        return INT4_MAX_ROWS_UPCAST
 
     def forward(self, x: torch.Tensor, fixed=None) -> torch.Tensor:
         """``fixed``: the kernel set's batch-invariant matmul (``Ops.fixed_matmul``), which then multiplies
