@@ -59,7 +59,7 @@ def invariant_default(model, device: torch.device, dtype: torch.dtype) -> bool:
     native decoder stack runs (every projection with its int4 copy), on a CPU without 16-bit GEMM hardware
     (where the default takes the int4 copies at every row count: packed_linear.INT4_ALL_ROWS), with the int8
     LM head and the C GEMMs that give its and PyTorch's int4 kernel's bits at many rows. Measured there at
-    0.92-1.04x of decode at 64 sequences and 1.0x single stream (BENCHMARKS.md). Elsewhere (CUDA, CPUs with
+    0.98-1.04x of decode at 64 sequences and 0.91-1.02x single stream (BENCHMARKS.md). Elsewhere (CUDA, CPUs with
     bf16 GEMM, float32, other models) the mode gives up faster kernels, so it stays the operator's choice."""
     from kernels import int4_gemm_cpu
     from kernels.q8_matmul_cpu import library as q8_library

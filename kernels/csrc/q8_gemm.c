@@ -4,7 +4,7 @@
  * weight once per 8 rows: at 64 rows (the LM head of a 64-sequence decode step in batch-invariant mode) it
  * is ~3x slower than the dense GEMM. Here a chunk of output channels is dequantised once into a float32
  * panel (code * scale, the same single rounding), and then every pair of input rows runs against every
- * three channels of it. Each output keeps q8_rows' arithmetic exactly: two 8-lane accumulators, acc0 +=
+ * pair of channels of it (groups of 6 rows, so their x stays in L1). Each output keeps q8_rows' arithmetic exactly: two 8-lane accumulators, acc0 +=
  * w[16c .. 16c + 7] * x[..], acc1 += w[16c + 8 .. 16c + 15] * x[..] by FMA for c = 0, 1, ... in order, then
  * (acc0 + acc1), its two halves added, then the movehl and movehdup steps, and one rounding to the output's
  * dtype. So a row's result is the same through either kernel, alone or beside any rows

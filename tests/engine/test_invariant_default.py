@@ -30,7 +30,9 @@ def _kernels_here(model) -> bool:
 
 def test_on_for_a_bf16_q4_model_without_16_bit_gemm_and_the_engine_follows(smollm_bf16, cpu_matmul_config):
     cpu_matmul_config(upcast="1")
-    expected = _kernels_here(smollm_bf16.model)
+    if not _kernels_here(smollm_bf16.model):
+        pytest.skip("no C int4 GEMM matching this torch, no AVX2 q8 GEMM or no native stack: the default is off")
+    expected = True
     assert invariant_default(smollm_bf16.model, torch.device("cpu"), torch.bfloat16) is expected
     auto = Engine(EngineConfig(model=MODEL, dtype="bfloat16", kv_cache_mb=32), loaded=smollm_bf16)
     assert auto.config.batch_invariant is expected
@@ -41,7 +43,7 @@ def test_on_for_a_bf16_q4_model_without_16_bit_gemm_and_the_engine_follows(smoll
     off = Engine(EngineConfig(model=MODEL, dtype="bfloat16", kv_cache_mb=32, batch_invariant=False),
                  loaded=smollm_bf16)
     assert off.config.batch_invariant is False
-    assert (off.system_fingerprint != auto.system_fingerprint) is expected
+    assert off.system_fingerprint != auto.system_fingerprint
 
 
 def test_off_where_the_default_has_faster_kernels(smollm_bf16, smollm_fp32, cpu_matmul_config):
